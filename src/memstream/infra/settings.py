@@ -1,0 +1,88 @@
+"""All settings, in one pydantic-settings class, read from ``MEMSTREAM_*`` variables.
+
+Built once in the entrypoint (``memstream.infra.cli``) and passed down; nothing reads the
+environment anywhere else. An empty address means "launch the embedded server" (only
+``memstream up`` and the test suite do that); a set address means "use this server".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from memstream.schemas.topics import DEFAULT_PREFIX
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMSTREAM_", extra="ignore")
+
+    # --- where things live -----------------------------------------------------------------
+    data_dir: Path = Field(default=Path(".memstream"), description="Root of embedded data.")
+    environment: str = Field(default="default", description="Deployment environment name.")
+
+    # --- journal (SlateDB) -----------------------------------------------------------------
+    journal_url: str = Field(
+        default="",
+        description="Object store URL for the journal (s3://bucket/prefix); empty = local "
+        "folder <data_dir>/journal.",
+    )
+    journal_path: str = Field(default="journal", description="DB path inside the store.")
+    journal_flush_interval_ms: int = Field(default=5, ge=1, le=1000)
+    journal_max_batch: int = Field(default=512, ge=1)
+
+    # --- kafka ------------------------------------------------------------------------------
+    kafka_bootstrap: str = Field(default="", description="host:port[,host:port]; empty = embedded.")
+    kafka_broker: Literal["auto", "kafka", "tansu"] = Field(
+        default="auto", description="Embedded broker: Apache Kafka (needs java+mvn) or Tansu."
+    )
+    kafka_version: str = Field(default="4.1.1")
+    topic_prefix: str = DEFAULT_PREFIX
+    partitions: int = Field(default=4, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+
+    # --- postgres / redis -------------------------------------------------------------------
+    postgres_dsn: SecretStr = Field(default=SecretStr(""), description="empty = embedded")
+    redis_url: SecretStr = Field(default=SecretStr(""), description="empty = embedded")
+
+    # --- object store (summary.json) ----------------------------------------------------------
+    object_store_url: str = Field(default="", description="s3://bucket/prefix; empty = local.")
+
+    # --- qdrant / clickhouse ----------------------------------------------------------------
+    qdrant_url: str = Field(default="", description="Qdrant server URL; empty = qdrant-edge.")
+    qdrant_api_key: SecretStr = SecretStr("")
+    clickhouse_url: str = Field(default="", description="ClickHouse server; empty = chdb.")
+
+    # --- models -----------------------------------------------------------------------------
+    llm_provider: Literal["offline", "openai"] = "offline"
+    embedding_provider: Literal["offline", "openai"] = "offline"
+    openai_api_key: SecretStr = SecretStr("")
+    openai_base_url: str = ""
+    openai_chat_model: str = "gpt-4o-mini"
+    openai_embedding_model: str = "text-embedding-3-small"
+
+    # --- surfaces ---------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    api_keys: str = Field(default="", description="'account:key,account:key' seeded at start-up.")
+    default_user_header: str = "X-Memstream-User"
+
+    # --- processors -------------------------------------------------------------------------
+    consumer_session_timeout_s: float = 6.0
+    consumer_heartbeat_interval_s: float = 0.5
+    read_your_writes_timeout_s: float = 5.0
+
+    def resolved_data_dir(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    def seeded_api_keys(self) -> list[tuple[str, str]]:
+        """Parse ``api_keys``; raises ValueError naming the bad pair."""
+        out: list[tuple[str, str]] = []
+        for raw in filter(None, (p.strip() for p in self.api_keys.split(","))):
+            account, sep, key = raw.partition(":")
+            if not sep or not account or not key:
+                raise ValueError(f"MEMSTREAM_API_KEYS: expected account:key, got {raw!r}")
+            out.append((account, key))
+        return out
