@@ -1,0 +1,164 @@
+"""Tenancy in Postgres: accounts, hashed API keys, agents (Memory capability) and threads.
+
+API keys are stored only as sha256 hashes; a key is shown once, when created. Agents and
+threads are created implicitly on first use (Memory unbound, default config) or explicitly.
+A deleted thread keeps its journal, summary and memory (the spec's "not built" note): only
+the record is flagged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+import asyncpg
+
+from memstream.schemas.records import JSONObject, ThreadConfig, ThreadRef
+
+KEY_PREFIX = "msk_"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    account_id: str
+    agent_id: str
+    memory: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Thread:
+    ref: ThreadRef
+    metadata: JSONObject
+    deleted: bool
+
+    @property
+    def config(self) -> ThreadConfig:
+        cfg = self.metadata.get("config")
+        return ThreadConfig.from_dict(cfg if isinstance(cfg, dict) else None)
+
+
+class Accounts:
+    """Repository over the core tables. Every method is one short transaction."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def ensure_account(self, account_id: str) -> None:
+        await self.pool.execute(
+            "INSERT INTO accounts (account_id) VALUES ($1) ON CONFLICT DO NOTHING", account_id
+        )
+
+    async def create_key(self, account_id: str) -> str:
+        """Create a new API key for ``account_id`` (creating the account) and return it."""
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        await self.add_key(account_id, key)
+        return key
+
+    async def add_key(self, account_id: str, key: str) -> None:
+        """Register a known key (``MEMSTREAM_API_KEYS`` seeding). Idempotent."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO accounts (account_id) VALUES ($1) ON CONFLICT DO NOTHING", account_id
+            )
+            owner = await conn.fetchval(
+                "SELECT account_id FROM api_keys WHERE key_hash = $1", hash_key(key)
+            )
+            if owner is not None and owner != account_id:
+                raise ValueError("this API key already belongs to another account")
+            await conn.execute(
+                "INSERT INTO api_keys (account_id, key_hash, key_prefix) VALUES ($1, $2, $3)"
+                " ON CONFLICT (key_hash) DO NOTHING",
+                account_id,
+                hash_key(key),
+                key[:8],
+            )
+
+    async def authenticate(self, key: str) -> str | None:
+        """The account a key belongs to, or None if unknown or revoked."""
+        result = await self.pool.fetchval(
+            "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+            hash_key(key),
+        )
+        return None if result is None else str(result)
+
+    async def ensure_agent(self, account_id: str, agent_id: str) -> Agent:
+        row = await self.pool.fetchrow(
+            "INSERT INTO agents (account_id, agent_id) VALUES ($1, $2)"
+            " ON CONFLICT (account_id, agent_id) DO UPDATE SET agent_id = EXCLUDED.agent_id"
+            " RETURNING account_id, agent_id, memory",
+            account_id,
+            agent_id,
+        )
+        assert row is not None
+        return Agent(row["account_id"], row["agent_id"], row["memory"])
+
+    async def get_agent(self, account_id: str, agent_id: str) -> Agent | None:
+        row = await self.pool.fetchrow(
+            "SELECT account_id, agent_id, memory FROM agents WHERE account_id=$1 AND agent_id=$2",
+            account_id,
+            agent_id,
+        )
+        return None if row is None else Agent(row["account_id"], row["agent_id"], row["memory"])
+
+    async def configure_agent(self, account_id: str, agent_id: str, *, memory: bool) -> Agent:
+        row = await self.pool.fetchrow(
+            "INSERT INTO agents (account_id, agent_id, memory) VALUES ($1, $2, $3)"
+            " ON CONFLICT (account_id, agent_id)"
+            " DO UPDATE SET memory = EXCLUDED.memory, updated_at = now()"
+            " RETURNING account_id, agent_id, memory",
+            account_id,
+            agent_id,
+            memory,
+        )
+        assert row is not None
+        return Agent(row["account_id"], row["agent_id"], row["memory"])
+
+    async def create_thread(self, ref: ThreadRef, metadata: JSONObject) -> tuple[Thread, bool]:
+        """Create (or return the existing, undeleted) thread. Returns (thread, created)."""
+        await self.ensure_agent(ref.account_id, ref.agent_id)
+        row = await self.pool.fetchrow(
+            "INSERT INTO threads (account_id, agent_id, thread_id, metadata) VALUES ($1,$2,$3,$4)"
+            " ON CONFLICT (account_id, agent_id, thread_id) DO UPDATE"
+            "   SET metadata = CASE WHEN threads.deleted THEN EXCLUDED.metadata"
+            "                       ELSE threads.metadata END,"
+            "       deleted = false, updated_at = now()"
+            " RETURNING metadata, deleted, (xmax = 0) AS created",
+            ref.account_id,
+            ref.agent_id,
+            ref.thread_id,
+            metadata,
+        )
+        assert row is not None
+        return Thread(ref, row["metadata"], row["deleted"]), bool(row["created"])
+
+    async def ensure_thread(self, ref: ThreadRef) -> tuple[Thread, bool]:
+        existing = await self.get_thread(ref)
+        if existing is not None and not existing.deleted:
+            return existing, False
+        return await self.create_thread(ref, {})
+
+    async def get_thread(self, ref: ThreadRef) -> Thread | None:
+        row = await self.pool.fetchrow(
+            "SELECT metadata, deleted FROM threads"
+            " WHERE account_id=$1 AND agent_id=$2 AND thread_id=$3",
+            ref.account_id,
+            ref.agent_id,
+            ref.thread_id,
+        )
+        return None if row is None else Thread(ref, row["metadata"], row["deleted"])
+
+    async def delete_thread(self, ref: ThreadRef) -> bool:
+        """Flag the thread record deleted. Journal, summary and memory are kept."""
+        status = await self.pool.execute(
+            "UPDATE threads SET deleted = true, updated_at = now()"
+            " WHERE account_id=$1 AND agent_id=$2 AND thread_id=$3 AND NOT deleted",
+            ref.account_id,
+            ref.agent_id,
+            ref.thread_id,
+        )
+        return status.endswith(" 1")

@@ -1,0 +1,59 @@
+"""Accounts, API keys, agents and threads against a real embedded Postgres."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from memstream.infra.accounts import Accounts
+from memstream.infra.postgres import migrate
+from memstream.schemas.records import ThreadRef
+
+
+async def test_migrate_is_idempotent(pg_pool: asyncpg.Pool) -> None:
+    assert await migrate(pg_pool) == []
+    names = [r["name"] for r in await pg_pool.fetch("SELECT name FROM schema_migrations")]
+    assert "0001_core.sql" in names
+
+
+async def test_keys_are_hashed_and_authenticate(pg_pool: asyncpg.Pool) -> None:
+    accounts = Accounts(pg_pool)
+    key = await accounts.create_key("acme")
+    assert key.startswith("msk_")
+    assert await accounts.authenticate(key) == "acme"
+    assert await accounts.authenticate(key + "x") is None
+    stored = await pg_pool.fetch("SELECT key_hash FROM api_keys")
+    assert all(key not in r["key_hash"] for r in stored)
+
+
+async def test_seeded_key_is_idempotent_and_owned(pg_pool: asyncpg.Pool) -> None:
+    accounts = Accounts(pg_pool)
+    await accounts.add_key("seeded", "secret-1")
+    await accounts.add_key("seeded", "secret-1")
+    assert await accounts.authenticate("secret-1") == "seeded"
+    try:
+        await accounts.add_key("other", "secret-1")
+    except ValueError as e:
+        assert "another account" in str(e)
+    else:
+        raise AssertionError("a key must not move between accounts")
+
+
+async def test_agents_and_threads(pg_pool: asyncpg.Pool) -> None:
+    accounts = Accounts(pg_pool)
+    await accounts.ensure_account("a1")
+    agent = await accounts.ensure_agent("a1", "bot")
+    assert agent.memory is False
+    assert (await accounts.configure_agent("a1", "bot", memory=True)).memory is True
+    assert (await accounts.ensure_agent("a1", "bot")).memory is True  # implicit use keeps config
+
+    ref = ThreadRef("a1", "bot", "t1")
+    thread, created = await accounts.create_thread(
+        ref, {"config": {"max_working_memory_messages": 5}}
+    )
+    assert created and thread.config.window() == 5
+    again, created = await accounts.create_thread(ref, {})
+    assert not created and again.config.window() == 5
+    assert await accounts.delete_thread(ref)
+    assert not await accounts.delete_thread(ref)
+    got = await accounts.get_thread(ref)
+    assert got is not None and got.deleted
