@@ -161,4 +161,4 @@ class Accounts:
             ref.agent_id,
             ref.thread_id,
         )
-        return status.endswith(" 1")
+        return str(status).endswith(" 1")
