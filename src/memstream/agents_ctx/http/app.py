@@ -1,0 +1,60 @@
+"""The FastAPI application factory: ``create_app(services)``.
+
+Routers are included here, one per area. ``/healthz`` is 200 only when every part the
+process runs is up (``services.health``); ``/metrics`` serves the one Prometheus registry.
+Bodies over ``MAX_REQUEST_BYTES`` are refused before they are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import ORJSONResponse
+
+from memstream import __version__
+from memstream.agents_ctx.http import errors, threads_routes
+from memstream.agents_ctx.services import Services
+from memstream.schemas.limits import MAX_REQUEST_BYTES
+
+
+def create_app(services: Services) -> FastAPI:
+    app = FastAPI(
+        title="memstream",
+        version=__version__,
+        description="Memory for LLM agents: thread memory, agent memory, transcript search.",
+        default_response_class=ORJSONResponse,
+    )
+    app.state.services = services
+    errors.install(app)
+
+    @app.middleware("http")
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
+            return errors.error_response(
+                413,
+                "invalid_request",
+                f"the body must be at most {MAX_REQUEST_BYTES} bytes",
+                "body",
+            )
+        return await call_next(request)
+
+    @app.get("/healthz")
+    async def healthz() -> ORJSONResponse:
+        parts = dict(services.health)
+        ok = all(parts.values())
+        return ORJSONResponse({"ok": ok, "parts": parts}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if services.metrics is None:
+            return Response(b"", media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(threads_routes.router)
+    return app

@@ -1,0 +1,47 @@
+"""Request dependencies shared by every router: the service container and the caller.
+
+Isolation is enforced here, in one place: the account comes only from the API key, the
+agent only from the path, the end user only from ``X-Memstream-User``. Every route takes a
+``Caller`` and every store filters by it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Path, Request
+
+from memstream.agents_ctx.services import Services
+from memstream.agents_ctx.validation import check_id
+from memstream.errors import Unauthorized
+from memstream.schemas.records import Caller
+
+
+def services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+async def caller(
+    request: Request,
+    agent_id: Annotated[str, Path()],
+    authorization: Annotated[str | None, Header()] = None,
+    x_memstream_user: Annotated[str | None, Header()] = None,
+) -> Caller:
+    svc = services(request)
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise Unauthorized("send 'Authorization: Bearer <api key>'", field="Authorization")
+    key = authorization[7:].strip()
+    account_id = await svc.accounts.authenticate(key) if key else None
+    if account_id is None:
+        raise Unauthorized("unknown or revoked API key", field="Authorization")
+    check_id(agent_id, "agent_id")
+    user_id = None
+    if x_memstream_user is not None and x_memstream_user.strip():
+        user_id = check_id(x_memstream_user.strip(), "X-Memstream-User")
+    await svc.accounts.ensure_agent(account_id, agent_id)
+    return Caller(account_id=account_id, agent_id=agent_id, user_id=user_id)
+
+
+ServicesDep = Annotated[Services, Depends(services)]
+CallerDep = Annotated[Caller, Depends(caller)]

@@ -1,0 +1,111 @@
+"""Agents, threads and message appends: ``PUT /v1/agents/{id}``, ``POST .../threads``,
+``POST .../threads/{tid}/messages``, ``DELETE .../threads/{tid}``.
+
+An append is durable in the journal before it is answered. Agents and threads are created
+implicitly on first use; creating a thread also journals a ``thread.created`` event.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import ORJSONResponse
+
+from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
+from memstream.agents_ctx.services import Services
+from memstream.agents_ctx.validation import check_id, parse_append_body, parse_thread_body
+from memstream.clock import epoch_ms
+from memstream.errors import InvalidRequest, NotFound
+from memstream.schemas.events import thread_event
+from memstream.schemas.records import Caller, JSONValue, ThreadRef
+
+router = APIRouter(prefix="/v1/agents/{agent_id}")
+
+
+async def read_json(request: Request) -> object:
+    raw = await request.body()
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(f"the body is not valid JSON: {e}", field="body") from None
+
+
+async def open_thread(
+    svc: Services, ref: ThreadRef, metadata: dict[str, JSONValue] | None
+) -> dict[str, JSONValue]:
+    """Create the thread if needed (journaling ``thread.created``); returns its metadata."""
+    if metadata is None:
+        thread, created = await svc.accounts.ensure_thread(ref)
+    else:
+        thread, created = await svc.accounts.create_thread(ref, metadata)
+    if created:
+        journal = svc.need_journal()
+        await journal.append_event(
+            thread_event(
+                "thread.created",
+                ref.account_id,
+                ref.agent_id,
+                ref.thread_id,
+                epoch_ms(svc.clock.now()),
+                {"metadata": thread.metadata},
+            )
+        )
+    return thread.metadata
+
+
+@router.put("")
+async def configure_agent(request: Request, caller: CallerDep, svc: ServicesDep) -> ORJSONResponse:
+    body = await read_json(request)
+    if not isinstance(body, dict) or not isinstance(body.get("memory"), bool):
+        raise InvalidRequest("memory must be true or false", field="memory")
+    agent = await svc.accounts.configure_agent(
+        caller.account_id, caller.agent_id, memory=body["memory"]
+    )
+    return ORJSONResponse({"agent_id": agent.agent_id, "memory": agent.memory})
+
+
+@router.post("/threads", status_code=201)
+async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -> ORJSONResponse:
+    thread_id, metadata = parse_thread_body(await read_json(request))
+    ref = ThreadRef(caller.account_id, caller.agent_id, thread_id or uuid.uuid4().hex)
+    meta = await open_thread(svc, ref, metadata)
+    return ORJSONResponse({"thread_id": ref.thread_id, "metadata": meta}, status_code=201)
+
+
+def thread_ref(caller: Caller, thread_id: str) -> ThreadRef:
+    return ThreadRef(caller.account_id, caller.agent_id, check_id(thread_id, "thread_id"))
+
+
+@router.post("/threads/{thread_id}/messages", status_code=201)
+async def append_messages(
+    request: Request, thread_id: str, caller: CallerDep, svc: ServicesDep
+) -> ORJSONResponse:
+    ref = thread_ref(caller, thread_id)
+    messages = parse_append_body(await read_json(request), caller.user_id)
+    journal = svc.need_journal()
+    await open_thread(svc, ref, None)
+    appended = await journal.append(ref, messages)
+    return ORJSONResponse(
+        {
+            "appended": [{"offset": m.offset, "message_id": m.message_id} for m in appended],
+            "position": appended[-1].seq if appended else None,
+        },
+        status_code=201,
+    )
+
+
+@router.delete("/threads/{thread_id}", status_code=204)
+async def delete_thread(thread_id: str, caller: CallerDep, svc: ServicesDep) -> Response:
+    ref = thread_ref(caller, thread_id)
+    if not await svc.accounts.delete_thread(ref):
+        raise NotFound(f"no thread {ref.thread_id!r}", field="thread_id")
+    await svc.need_journal().append_event(
+        thread_event(
+            "thread.deleted", ref.account_id, ref.agent_id, ref.thread_id, epoch_ms(svc.clock.now())
+        )
+    )
+    return Response(status_code=204)

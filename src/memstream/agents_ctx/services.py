@@ -1,0 +1,35 @@
+"""The service container the surfaces (HTTP, MCP, Python API) are given.
+
+Built by the composition root (``memstream.infra.cli.wiring``) from settings; the surfaces
+never construct adapters themselves. Fields default to ``None`` so a partial container can
+serve a subset of routes (a route whose service is missing answers 503).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from memstream.clock import Clock, SystemClock
+from memstream.errors import InfraError
+
+if TYPE_CHECKING:
+    from memstream.infra.accounts import Accounts
+    from memstream.infra.journal import Journal
+    from memstream.infra.metrics import Metrics
+    from memstream.infra.settings import Settings
+
+
+@dataclass
+class Services:
+    settings: Settings
+    accounts: Accounts
+    journal: Journal | None = None
+    clock: Clock = field(default_factory=SystemClock)
+    metrics: Metrics | None = None
+    health: dict[str, bool] = field(default_factory=dict)
+
+    def need_journal(self) -> Journal:
+        if self.journal is None:
+            raise InfraError("the journal is not available in this process")
+        return self.journal

@@ -1,0 +1,135 @@
+"""Pure validation of what callers send: JSON bodies to records, errors naming the field.
+
+Nothing here does I/O. Field paths use dots and brackets (``messages[2].tool_calls[0].id``)
+so a caller can find the exact value that was refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import cast
+
+from memstream.errors import InvalidRequest
+from memstream.schemas.limits import MAX_MESSAGE_CONTENT_CHARS, MAX_MESSAGES_PER_APPEND
+from memstream.schemas.records import ROLES, JSONValue, NewMessage, Role, ThreadConfig, ToolCall
+
+ID_MAX_CHARS = 200
+
+
+def check_id(value: object, field: str) -> str:
+    """Ids (agent, thread, tool call, user): non-empty strings of printable characters, no '/'."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{field} must be a non-empty string", field=field)
+    if len(value) > ID_MAX_CHARS:
+        raise InvalidRequest(f"{field} must be at most {ID_MAX_CHARS} characters", field=field)
+    if "/" in value or not value.isprintable():
+        raise InvalidRequest(f"{field} must not contain '/' or control characters", field=field)
+    return value
+
+
+def _tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InvalidRequest(f"{where}tool_calls must be a list", field=f"{where}tool_calls")
+    out = []
+    for i, tc in enumerate(raw):
+        f = f"{where}tool_calls[{i}]"
+        if not isinstance(tc, Mapping):
+            raise InvalidRequest(f"{f} must be an object with id, name, arguments", field=f)
+        out.append(
+            ToolCall(
+                id=check_id(tc.get("id"), f + ".id"),
+                name=_nonempty_str(tc.get("name"), f + ".name"),
+                arguments=cast(JSONValue, tc.get("arguments")),
+            )
+        )
+    ids = [tc.id for tc in out]
+    if len(set(ids)) != len(ids):
+        raise InvalidRequest("tool call ids must be unique", field=f"{where}tool_calls")
+    return tuple(out)
+
+
+def _nonempty_str(value: object, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(f"{field} must be a non-empty string", field=field)
+    return value
+
+
+def parse_message(raw: object, where: str = "", user_id: str | None = None) -> NewMessage:
+    """One message object → NewMessage. ``where`` prefixes field names (``messages[3].``)."""
+    if not isinstance(raw, Mapping):
+        raise InvalidRequest("a message must be a JSON object", field=where.rstrip(".") or "body")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise InvalidRequest(f"role must be one of {', '.join(ROLES)}", field=f"{where}role")
+    content = raw.get("content", "")
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise InvalidRequest("content must be a string", field=f"{where}content")
+    if len(content) > MAX_MESSAGE_CONTENT_CHARS:
+        raise InvalidRequest(
+            f"content must be at most {MAX_MESSAGE_CONTENT_CHARS} characters",
+            field=f"{where}content",
+        )
+    reasoning = raw.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise InvalidRequest("reasoning must be a string", field=f"{where}reasoning")
+    tool_calls = _tool_calls(raw.get("tool_calls"), where)
+    if tool_calls and role != "assistant":
+        raise InvalidRequest("only assistant messages carry tool_calls", field=f"{where}tool_calls")
+    tool_call_id = raw.get("tool_call_id")
+    if role == "tool":
+        tool_call_id = check_id(tool_call_id, f"{where}tool_call_id")
+    elif tool_call_id is not None:
+        raise InvalidRequest("only tool messages carry tool_call_id", field=f"{where}tool_call_id")
+    if role in ("user", "system") and not content.strip():
+        raise InvalidRequest(f"a {role} message needs non-empty content", field=f"{where}content")
+    if role == "assistant" and not content.strip() and not tool_calls:
+        raise InvalidRequest(
+            "an assistant message needs content or tool_calls", field=f"{where}content"
+        )
+    return NewMessage(
+        role=cast(Role, role),
+        content=content,
+        reasoning=reasoning,
+        tool_calls=tool_calls,
+        tool_call_id=cast(str | None, tool_call_id),
+        user_id=user_id,
+    )
+
+
+def parse_append_body(body: object, user_id: str | None) -> list[NewMessage]:
+    """``{"role", "content", ...}`` or ``{"messages": [...]}`` → a non-empty list."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    if "messages" in body:
+        raw = body["messages"]
+        if not isinstance(raw, list) or not raw:
+            raise InvalidRequest("messages must be a non-empty list", field="messages")
+        if len(raw) > MAX_MESSAGES_PER_APPEND:
+            raise InvalidRequest(
+                f"at most {MAX_MESSAGES_PER_APPEND} messages per append", field="messages"
+            )
+        return [parse_message(m, f"messages[{i}].", user_id) for i, m in enumerate(raw)]
+    return [parse_message(body, "", user_id)]
+
+
+def parse_thread_body(body: object) -> tuple[str | None, dict[str, JSONValue]]:
+    """``{"thread_id"?, "metadata"?: {"config": {...}}}`` → (thread_id, metadata)."""
+    if body is None:
+        body = {}
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    thread_id = body.get("thread_id")
+    if thread_id is not None:
+        thread_id = check_id(thread_id, "thread_id")
+    metadata = body.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise InvalidRequest("metadata must be an object", field="metadata")
+    config = metadata.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise InvalidRequest("metadata.config must be an object", field="metadata.config")
+    ThreadConfig.from_dict(config)  # validates max_working_memory_messages
+    return thread_id, cast(dict[str, JSONValue], metadata)
