@@ -1,0 +1,1 @@
+"""The Kafka bus: producer wrapper, topic provisioning and offsets helpers over aiokafka."""
