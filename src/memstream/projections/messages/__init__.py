@@ -1,0 +1,45 @@
+"""The ClickHouse projection of the journal for transcript search.
+
+- :mod:`.rows` -- the pure event -> row mapping (user and assistant text only) and Arrow encoding
+- :mod:`.sql` -- every statement (DDL, ranked search, visibility), shared by both adapters
+- :mod:`.store` -- :class:`MessageStore`: schema, durable batch writes, search
+- :mod:`.chdb_engine` -- embedded chdb adapter (default)
+- :mod:`.clickhouse_engine` -- ClickHouse server adapter (clickhouse-connect)
+"""
+
+from __future__ import annotations
+
+from memstream.projections.messages.chdb_engine import ChdbEngine
+from memstream.projections.messages.clickhouse_engine import ClickHouseConnectEngine
+from memstream.projections.messages.engine import ClickHouseEngine
+from memstream.projections.messages.rows import (
+    SEARCHABLE_ROLES,
+    MessageRow,
+    row_of_envelope,
+    row_of_message,
+)
+from memstream.projections.messages.sql import DEFAULT_DATABASE, SearchSpec, query_words
+from memstream.projections.messages.store import MessageStore, SearchHit
+
+__all__ = [
+    "DEFAULT_DATABASE",
+    "SEARCHABLE_ROLES",
+    "ChdbEngine",
+    "ClickHouseConnectEngine",
+    "ClickHouseEngine",
+    "MessageRow",
+    "MessageStore",
+    "SearchHit",
+    "SearchSpec",
+    "build_engine",
+    "query_words",
+    "row_of_envelope",
+    "row_of_message",
+]
+
+
+def build_engine(clickhouse_url: str, chdb_path: str) -> ClickHouseEngine:
+    """The server adapter when a URL is configured, else embedded chdb at ``chdb_path``."""
+    if clickhouse_url:
+        return ClickHouseConnectEngine(clickhouse_url)
+    return ChdbEngine(chdb_path)

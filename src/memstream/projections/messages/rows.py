@@ -1,0 +1,153 @@
+"""What the ClickHouse message table holds, and the pure mapping from journal events to rows.
+
+Guarantees:
+
+- Only ``user`` and ``assistant`` messages become rows. ``system`` and ``tool`` messages map
+  to nothing, and a message's ``reasoning`` is never copied anywhere: text that must never be
+  searchable is never stored, so no query (present or future) can return it.
+- An assistant row keeps the ids of the tool calls it made (``tool_call_ids``), never their
+  arguments or results: those are read from the journal by id (``journal_tool_call_view``).
+- The mapping is deterministic: the same event always gives the same row, so a replay or a
+  redelivery inserts an identical row under the same key ``(account_id, agent_id, thread_id,
+  offset)``, which the table's ``ReplacingMergeTree`` collapses and the search query dedupes.
+- Events that are not ``message.appended`` map to nothing; a ``message.appended`` whose data
+  cannot be read raises :class:`~memstream.schemas.events.DecodeError` (naming the field) so
+  the processor can dead-letter it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+import pyarrow as pa
+
+from memstream.errors import InvalidRequest
+from memstream.schemas.events import DecodeError, Envelope, message_of
+from memstream.schemas.records import Message
+
+SEARCHABLE_ROLES: Final = frozenset({"user", "assistant"})
+"""The only roles whose text is projected (the spec: user and assistant messages only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    """One row of the ``messages`` table: a user or assistant message, without reasoning.
+
+    ``user_id`` is ``""`` when the message carries no authenticated user.
+    """
+
+    account_id: str
+    agent_id: str
+    thread_id: str
+    offset: int
+    message_id: str
+    role: str
+    content: str
+    user_id: str
+    tool_call_ids: tuple[str, ...]
+    created_at: datetime
+    seq: int
+
+
+def row_of_message(msg: Message) -> MessageRow | None:
+    """The row for one journal message, or None when the message is never searchable."""
+    if msg.role not in SEARCHABLE_ROLES:
+        return None
+    return MessageRow(
+        account_id=msg.account_id,
+        agent_id=msg.agent_id,
+        thread_id=msg.thread_id,
+        offset=msg.offset,
+        message_id=msg.message_id,
+        role=msg.role,
+        content=msg.content,
+        user_id=msg.user_id or "",
+        tool_call_ids=tuple(tc.id for tc in msg.tool_calls),
+        created_at=msg.created_at,
+        seq=msg.seq,
+    )
+
+
+def row_of_envelope(env: Envelope) -> MessageRow | None:
+    """Envelope -> row or nothing. Raises ``DecodeError`` on an unreadable message event."""
+    if env.type != "message.appended":
+        return None
+    try:
+        msg = message_of(env)
+    except DecodeError:
+        raise
+    except InvalidRequest as e:  # a record reader's error: keep the field it names
+        raise DecodeError(f"message.appended: {e.message}", field=f"data.{e.field}") from None
+    if (msg.account_id, msg.agent_id, msg.thread_id) != (
+        env.account_id,
+        env.agent_id,
+        env.thread_id,
+    ):
+        raise DecodeError("message tenancy disagrees with its envelope", field="data.account_id")
+    return row_of_message(msg)
+
+
+# --- Arrow encoding (the fastest chdb insert path) -------------------------------------------
+MESSAGES_SCHEMA: Final = pa.schema(
+    [
+        ("account_id", pa.string()),
+        ("agent_id", pa.string()),
+        ("thread_id", pa.string()),
+        ("offset", pa.uint64()),
+        ("message_id", pa.string()),
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("user_id", pa.string()),
+        ("tool_call_ids", pa.list_(pa.string())),
+        ("created_at", pa.timestamp("ms", tz="UTC")),
+        ("seq", pa.uint64()),
+    ]
+)
+
+THREAD_USERS_SCHEMA: Final = pa.schema(
+    [
+        ("account_id", pa.string()),
+        ("agent_id", pa.string()),
+        ("thread_id", pa.string()),
+        ("user_id", pa.string()),
+    ]
+)
+
+
+def messages_table(rows: Sequence[MessageRow]) -> pa.Table:
+    """The rows as an Arrow table in :data:`MESSAGES_SCHEMA` column order."""
+    return pa.table(
+        [
+            [r.account_id for r in rows],
+            [r.agent_id for r in rows],
+            [r.thread_id for r in rows],
+            pa.array([r.offset for r in rows], pa.uint64()),
+            [r.message_id for r in rows],
+            [r.role for r in rows],
+            [r.content for r in rows],
+            [r.user_id for r in rows],
+            pa.array([list(r.tool_call_ids) for r in rows], pa.list_(pa.string())),
+            pa.array([r.created_at for r in rows], pa.timestamp("ms", tz="UTC")),
+            pa.array([r.seq for r in rows], pa.uint64()),
+        ],
+        schema=MESSAGES_SCHEMA,
+    )
+
+
+def thread_users_table(rows: Sequence[MessageRow]) -> pa.Table:
+    """One row per distinct (account, agent, thread, user) among rows that carry a user."""
+    seen = sorted({(r.account_id, r.agent_id, r.thread_id, r.user_id) for r in rows if r.user_id})
+    cols = list(zip(*seen, strict=True)) if seen else [(), (), (), ()]
+    return pa.table([list(c) for c in cols], schema=THREAD_USERS_SCHEMA)
+
+
+def arrow_ipc(table: pa.Table) -> bytes:
+    """Arrow IPC stream bytes (ClickHouse's ``ArrowStream`` input format)."""
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()

@@ -1,0 +1,197 @@
+"""Every SQL statement of the message projection, in one place for both ClickHouse adapters.
+
+Pure: builds statements and their parameters, and mirrors the table's tokenizer for query
+words. Parameters use ClickHouse's ``{name:Type}`` syntax, which both chdb and a ClickHouse
+server (through clickhouse-connect) bind; the adapters differ only in how they pass them.
+
+Tables (database configurable, ``memstream`` by default):
+
+- ``messages``: user and assistant text, ``ReplacingMergeTree(seq)`` ordered by
+  ``(account_id, agent_id, thread_id, offset)`` and partitioned by month of ``created_at``
+  (ARCHITECTURE.md), with a ``text`` index on ``content`` (``splitByNonAlpha`` tokens,
+  ``lowerUTF8`` preprocessor). A replayed message has the same key, partition and content as
+  the first copy, so duplicates collapse on merge and the search query dedupes before merge.
+- ``thread_users``: the set of users who wrote in each thread, ``ReplacingMergeTree`` on
+  ``(account_id, agent_id, thread_id, user_id)``. It decides privacy (see :func:`search_sql`).
+
+Ranking: every hit contains all query words (``hasAllTokens``); among them, relevance is
+``phrase + hits / sqrt(tokens)`` -- 1 when the lowercased words appear together as typed,
+plus how densely the message uses the query words (so a short message about the thing
+outranks a long one that mentions it once) -- then newest first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from memstream.errors import InvalidRequest
+
+SqlParam: TypeAlias = str | int | Sequence[str]
+"""A bound parameter: String, UInt, or Array(String)."""
+
+DEFAULT_DATABASE: Final = "memstream"
+MAX_QUERY_WORDS: Final = 32
+"""More words than this cannot make a query more selective; reject rather than scan."""
+
+_IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# splitByNonAlpha splits on ASCII bytes that are not letters or digits; every non-ASCII
+# character is part of a token. This mirrors it exactly for the query side.
+_SEPARATORS: Final = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")
+
+
+def check_database(name: str) -> str:
+    if not _IDENT.match(name):
+        raise InvalidRequest(f"bad ClickHouse database name {name!r}", field="clickhouse_database")
+    return name
+
+
+def ddl(database: str) -> list[str]:
+    """Idempotent statements creating the database and both tables."""
+    db = check_database(database)
+    return [
+        f"CREATE DATABASE IF NOT EXISTS {db}",
+        f"""CREATE TABLE IF NOT EXISTS {db}.messages (
+    account_id String,
+    agent_id String,
+    thread_id String,
+    `offset` UInt64,
+    message_id String,
+    role LowCardinality(String),
+    content String,
+    user_id String,
+    tool_call_ids Array(String),
+    created_at DateTime64(3, 'UTC'),
+    seq UInt64,
+    INDEX content_tokens content
+        TYPE text(tokenizer = splitByNonAlpha, preprocessor = lowerUTF8(content))
+) ENGINE = ReplacingMergeTree(seq)
+PARTITION BY toYYYYMM(created_at)
+ORDER BY (account_id, agent_id, thread_id, `offset`)""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.thread_users (
+    account_id String,
+    agent_id String,
+    thread_id String,
+    user_id String
+) ENGINE = ReplacingMergeTree
+ORDER BY (account_id, agent_id, thread_id, user_id)""",
+    ]
+
+
+def query_words(query: str) -> tuple[str, ...]:
+    """The query's words as the index sees text: split like ``splitByNonAlpha``, lowercased
+    (Python's ``str.lower`` agrees with ClickHouse's ``lowerUTF8``), duplicates dropped."""
+    seen: dict[str, None] = {}
+    for w in _SEPARATORS.split(query.lower()):
+        if w:
+            seen.setdefault(w, None)
+    return tuple(seen)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpec:
+    """A validated search: who asks, which words, where, how many."""
+
+    account_id: str
+    agent_id: str
+    user_id: str | None
+    words: tuple[str, ...]
+    limit: int
+    thread_id: str | None = None
+
+
+def _visible_threads_filter(db: str) -> str:
+    # A thread is private when any of its messages carries a user: it is then visible only
+    # to those users. Threads whose messages carry no user are visible to every caller of
+    # the agent. A caller without a user ('' here) sees only threads nobody owns.
+    return f"""thread_id NOT IN (
+        SELECT thread_id FROM {db}.thread_users
+        WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+        GROUP BY thread_id
+        HAVING NOT has(groupArray(user_id), {{user_id:String}}))"""
+
+
+def search_sql(database: str, spec: SearchSpec) -> tuple[str, dict[str, SqlParam]]:
+    """The ranked search. Rows: thread_id, message_id, offset, role, content, created_at
+    (epoch ms), relevance. At most one row per (thread, offset) even before merges."""
+    db = check_database(database)
+    thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
+    sql = f"""SELECT thread_id, message_id, `offset`, role, content,
+       toUnixTimestamp64Milli(created_at) AS created_ms, relevance
+FROM (
+    SELECT thread_id, message_id, `offset`, role, content, created_at,
+           tokens(lowerUTF8(content), 'splitByNonAlpha') AS toks,
+           (positionUTF8(lowerUTF8(content), {{phrase:String}}) > 0)
+             + arrayCount(t -> has({{words:Array(String)}}, t), toks)
+               / sqrt(greatest(length(toks), 1)) AS relevance
+    FROM {db}.messages
+    WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+      {thread_filter}
+      AND hasAllTokens(content, {{words:Array(String)}})
+      AND {_visible_threads_filter(db)}
+)
+ORDER BY relevance DESC, created_ms DESC, `offset` DESC, thread_id
+LIMIT 1 BY thread_id, `offset`
+LIMIT {{limit:UInt32}}"""
+    params: dict[str, SqlParam] = {
+        "account_id": spec.account_id,
+        "agent_id": spec.agent_id,
+        "user_id": spec.user_id or "",
+        "words": list(spec.words),
+        "phrase": " ".join(spec.words),
+        "limit": spec.limit,
+    }
+    if spec.thread_id is not None:
+        params["thread_id"] = spec.thread_id
+    return sql, params
+
+
+def thread_visible_sql(database: str) -> str:
+    """1 row with 1 when the thread is visible to the user (params: account_id, agent_id,
+    thread_id, user_id), 0 otherwise -- the same rule as :func:`search_sql`."""
+    db = check_database(database)
+    return f"""SELECT count() = 0 OR countIf(user_id = {{user_id:String}}) > 0
+FROM {db}.thread_users
+WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+  AND thread_id = {{thread_id:String}}"""
+
+
+def count_sql(database: str) -> str:
+    """Rows stored for one thread, duplicates included (params: account_id, agent_id,
+    thread_id) -- for replay checks and operators."""
+    db = check_database(database)
+    return f"""SELECT count(), uniqExact(`offset`) FROM {db}.messages
+WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+  AND thread_id = {{thread_id:String}}"""
+
+
+def literal(value: SqlParam) -> str:
+    """A parameter value in the text form ClickHouse parses for ``{name:Type}`` (used by
+    chdb, which takes parameter values as strings). Strings stay raw; arrays become quoted
+    ClickHouse array literals."""
+    if isinstance(value, str):
+        return _escape(value)
+    if isinstance(value, int):
+        return str(value)
+    return "[" + ",".join(_quote(v) for v in value) + "]"
+
+
+def _escape(s: str) -> str:
+    # Parameter values are read in ClickHouse's "escaped" (TSV) text form.
+    return (
+        s.replace("\\", "\\\\")
+        .replace("\t", "\\t")
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\0", "\\0")
+    )
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def bind_for_text(params: Mapping[str, SqlParam]) -> dict[str, str]:
+    return {k: literal(v) for k, v in params.items()}

@@ -1,0 +1,123 @@
+"""The message projection over any :class:`ClickHouseEngine`: schema, batch writes, search.
+
+Guarantees:
+
+- :meth:`MessageStore.write` returns only after both inserts are committed, and writes the
+  ``thread_users`` rows *before* the messages they cover: a message is never searchable
+  while its thread's privacy is still unknown.
+- Writing the same rows twice (a replay, a redelivery) leaves search results unchanged: the
+  search query returns one row per (thread, offset) and the tables collapse duplicates on
+  merge.
+- :meth:`MessageStore.search` returns only the caller's account and agent, only threads the
+  caller may see (see :func:`~memstream.projections.messages.sql.search_sql`), at most
+  ``spec.limit`` hits ranked by relevance then recency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from memstream.projections.messages.engine import ClickHouseEngine
+from memstream.projections.messages.rows import MessageRow, messages_table, thread_users_table
+from memstream.projections.messages.sql import (
+    DEFAULT_DATABASE,
+    SearchSpec,
+    check_database,
+    count_sql,
+    ddl,
+    search_sql,
+    thread_visible_sql,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One matching message, as ``journal_message_search`` returns it."""
+
+    thread_id: str
+    message_id: str
+    offset: int
+    role: str
+    content: str
+    created_at: datetime
+    relevance: float
+
+
+class MessageStore:
+    """The ClickHouse message table of one deployment."""
+
+    def __init__(self, engine: ClickHouseEngine, database: str = DEFAULT_DATABASE) -> None:
+        self.engine = engine
+        self.database = check_database(database)
+
+    async def ensure_schema(self) -> None:
+        """Create the database and tables if missing (idempotent)."""
+        for stmt in ddl(self.database):
+            await self.engine.command(stmt)
+
+    async def write(self, rows: Sequence[MessageRow]) -> int:
+        """Insert a batch; returns the message rows written. Durable on return."""
+        if not rows:
+            return 0
+        owners = thread_users_table(rows)
+        if owners.num_rows:
+            await self.engine.insert_arrow(self.database, "thread_users", owners)
+        return await self.engine.insert_arrow(self.database, "messages", messages_table(rows))
+
+    async def search(self, spec: SearchSpec) -> list[SearchHit]:
+        sql, params = search_sql(self.database, spec)
+        out = []
+        for (
+            thread_id,
+            message_id,
+            offset,
+            role,
+            content,
+            created_ms,
+            relevance,
+        ) in await self.engine.rows(sql, params):
+            out.append(
+                SearchHit(
+                    thread_id=str(thread_id),
+                    message_id=str(message_id),
+                    offset=int(str(offset)),
+                    role=str(role),
+                    content=str(content),
+                    created_at=datetime.fromtimestamp(int(str(created_ms)) / 1000, tz=UTC),
+                    relevance=float(str(relevance)),
+                )
+            )
+        return out
+
+    async def thread_visible(
+        self, account_id: str, agent_id: str, thread_id: str, user_id: str | None
+    ) -> bool:
+        """Whether ``user_id`` (None: no authenticated user) may see the thread."""
+        rows = await self.engine.rows(
+            thread_visible_sql(self.database),
+            {
+                "account_id": account_id,
+                "agent_id": agent_id,
+                "thread_id": thread_id,
+                "user_id": user_id or "",
+            },
+        )
+        return bool(rows) and str(rows[0][0]) in {"1", "true", "True"}
+
+    async def thread_row_counts(
+        self, account_id: str, agent_id: str, thread_id: str
+    ) -> tuple[int, int]:
+        """(stored rows, distinct offsets) of one thread: equal once duplicates merged."""
+        rows = await self.engine.rows(
+            count_sql(self.database),
+            {"account_id": account_id, "agent_id": agent_id, "thread_id": thread_id},
+        )
+        return int(str(rows[0][0])), int(str(rows[0][1]))
+
+    async def optimize(self) -> None:
+        """Force merges now (collapses duplicates on disk). For operators and tests; search
+        never depends on it."""
+        await self.engine.command(f"OPTIMIZE TABLE {self.database}.messages FINAL")
+        await self.engine.command(f"OPTIMIZE TABLE {self.database}.thread_users FINAL")
