@@ -1,0 +1,126 @@
+"""Entry rows and the transactional outbox, the SQL shared by the memory writers.
+
+Every change to ``memory_entries`` appends its ``memory.*`` event to ``memory_outbox`` in the
+same transaction (:func:`append_events`), and wakes the relay with ``NOTIFY`` (delivered only
+on commit). So an entry change and its event are written together or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Final, cast
+
+import asyncpg
+
+from memstream.clock import epoch_ms
+from memstream.schemas.events import MemoryEventType, encode, memory_event
+from memstream.schemas.records import Category, MemoryEntry, Visibility
+
+OUTBOX_CHANNEL: Final = "memstream_memory_outbox"
+"""The LISTEN/NOTIFY channel the relay wakes on."""
+
+ENTRY_COLUMNS: Final = (
+    "account_id, agent_id, owner, key, content, category, visibility, importance, user_id, "
+    "content_hash, expires_at, created_at, updated_at, recall_count, last_recalled_at, version"
+)
+
+NEXT_VERSION: Final = "nextval('memory_version_seq')"
+
+
+def entry_of_row(row: Mapping[str, object]) -> MemoryEntry:
+    """A ``memory_entries`` row as a record."""
+    return MemoryEntry(
+        account_id=cast(str, row["account_id"]),
+        agent_id=cast(str, row["agent_id"]),
+        key=cast(str, row["key"]),
+        content=cast(str, row["content"]),
+        category=cast(Category, row["category"]),
+        visibility=cast(Visibility, row["visibility"]),
+        importance=cast(float, row["importance"]),
+        content_hash=cast(str, row["content_hash"]),
+        created_at=cast(datetime, row["created_at"]),
+        updated_at=cast(datetime, row["updated_at"]),
+        user_id=cast("str | None", row["user_id"]),
+        expires_at=cast("datetime | None", row["expires_at"]),
+        recall_count=cast(int, row["recall_count"]),
+        last_recalled_at=cast("datetime | None", row["last_recalled_at"]),
+        version=cast(int, row["version"]),
+    )
+
+
+async def next_version(conn: asyncpg.Connection) -> int:
+    v = await conn.fetchval(f"SELECT {NEXT_VERSION}")
+    return int(v)
+
+
+async def append_events(
+    conn: asyncpg.Connection,
+    typ: MemoryEventType,
+    entries: Iterable[MemoryEntry],
+    now: datetime,
+) -> int:
+    """Append one ``typ`` event per entry to the outbox and notify the relay.
+
+    Must run inside the transaction that made the change. Event ids are deterministic per
+    (entry identity, version, type) — see ``schemas.events.memory_event`` — so a consumer
+    can dedupe a re-published event.
+    """
+    ts = epoch_ms(now)
+    rows = []
+    for e in entries:
+        env = memory_event(typ, e, ts)
+        rows.append((e.account_id, e.agent_id, env.id, encode(env)))
+    if not rows:
+        return 0
+    await conn.executemany(
+        "INSERT INTO memory_outbox (account_id, agent_id, event_id, event) VALUES ($1, $2, $3, $4)",
+        rows,
+    )
+    await conn.execute("SELECT pg_notify($1, '')", OUTBOX_CHANNEL)
+    return len(rows)
+
+
+async def lock_agent(conn: asyncpg.Connection, account_id: str, agent_id: str) -> None:
+    """Serialise writers of one (account, agent) until the transaction ends, so capacity
+    counts cannot be raced past the limit."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"{account_id}/{agent_id}"
+    )
+
+
+async def upsert_entry(conn: asyncpg.Connection, e: MemoryEntry) -> MemoryEntry:
+    """Write ``e`` at its identity, replacing whatever row is there."""
+    row = await conn.fetchrow(
+        f"""
+        INSERT INTO memory_entries ({ENTRY_COLUMNS})
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+        ON CONFLICT (account_id, agent_id, owner, key) DO UPDATE SET
+            content = EXCLUDED.content, category = EXCLUDED.category,
+            visibility = EXCLUDED.visibility, importance = EXCLUDED.importance,
+            user_id = EXCLUDED.user_id, content_hash = EXCLUDED.content_hash,
+            expires_at = EXCLUDED.expires_at, created_at = EXCLUDED.created_at,
+            updated_at = EXCLUDED.updated_at, recall_count = EXCLUDED.recall_count,
+            last_recalled_at = EXCLUDED.last_recalled_at, last_decayed_at = NULL,
+            version = EXCLUDED.version
+        RETURNING {ENTRY_COLUMNS}
+        """,
+        e.account_id,
+        e.agent_id,
+        e.owner,
+        e.key,
+        e.content,
+        e.category,
+        e.visibility,
+        e.importance,
+        e.user_id,
+        e.content_hash,
+        e.expires_at,
+        e.created_at,
+        e.updated_at,
+        e.recall_count,
+        e.last_recalled_at,
+        e.version,
+    )
+    assert row is not None
+    return entry_of_row(row)
