@@ -1,0 +1,297 @@
+"""The processor contract and the dispatch rules every processor gets for free.
+
+A processor is a small class: a ``name`` (its consumer group is derived from it), the
+``topic`` it consumes (a suffix from :mod:`memstream.schemas.topics`, e.g. ``JOURNAL``),
+and either ``handle(envelope, meta)`` or, for processors that write in batches (ClickHouse),
+``handle_batch(items)`` with ``batch_max`` > 1. It receives decoded envelopes; it never sees
+raw bytes, offsets to commit, or the dead-letter topic.
+
+:class:`Dispatcher` owns the rules around the handler (faust-free, so it is testable alone):
+
+- raw bytes are decoded with :func:`memstream.schemas.events.decode`; a ``DecodeError``
+  sends the record to the dead-letter topic at once (retrying cannot fix bad bytes);
+- a :class:`~memstream.errors.RetryableInfraError` from the handler is retried with
+  exponential backoff, up to ``RetryPolicy.attempts`` tries;
+- any other exception, or retries exhausted, sends the record to the dead-letter topic
+  (a ``dlq.dead_letter`` envelope keyed by the original key, carrying the error, the
+  processor name, origin topic/partition/offset and the raw payload) and processing goes on;
+- a failed batch is retried one record at a time, so only the records that fail on their
+  own are dead-lettered (the others may therefore be handled twice: handlers are idempotent);
+- :meth:`Dispatcher.dispatch` returns only once every record of the batch was either handled
+  or durably written to the dead-letter topic; the faust glue acks (commits) only then.
+  Publishing to the dead-letter topic is retried until it succeeds or the task is cancelled,
+  so a record is never acknowledged without one of the two outcomes.
+
+Guarantee to processors: **at-least-once**. Every record is handed over at least once; after
+a crash, rebalance or replay it may be handed over again. Idempotency (event ids, natural
+keys, upserts, Redis side-effect claims) is the processor's job; this runtime does not keep
+a claim store of its own, because the right claim (per message, per span, per version)
+depends on the side effect.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from memstream.errors import RetryableInfraError
+from memstream.infra.metrics import Metrics
+from memstream.infra.settings import Settings
+from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
+from memstream.schemas.topics import Topics
+
+__all__ = [
+    "Dispatcher",
+    "EventMeta",
+    "Processor",
+    "ProcessorContext",
+    "Publish",
+    "RawRecord",
+    "Received",
+    "RetryPolicy",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``await publish(topic, key, value)``: durable (acknowledged by the broker) on return.
+Publish = Callable[[str, bytes | None, bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class EventMeta:
+    """Where a record came from. ``timestamp`` is the broker timestamp in epoch seconds."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One consumed record, before decoding."""
+
+    meta: EventMeta
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One decoded record handed to ``handle_batch``."""
+
+    envelope: Envelope
+    meta: EventMeta
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded exponential backoff for :class:`RetryableInfraError` (delays in seconds)."""
+
+    attempts: int = 6
+    first_delay: float = 0.1
+    max_delay: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        """Delay after the ``attempt``-th failure (1-based)."""
+        return float(min(self.max_delay, self.first_delay * (2 ** (attempt - 1))))
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorContext:
+    """What the runtime hands a processor at start: its identity, settings and outputs."""
+
+    name: str
+    group_id: str
+    settings: Settings
+    topics: Topics
+    metrics: Metrics
+    publish_raw: Publish
+
+    async def publish(self, topic: str, envelope: Envelope, key: str | None) -> None:
+        """Publish ``envelope`` to the full topic name ``topic``; durable on return."""
+        await self.publish_raw(topic, key.encode() if key is not None else None, encode(envelope))
+
+
+class Processor(abc.ABC):
+    """Base class of every stream processor.
+
+    Subclasses set ``name`` and ``topic`` (class attributes or in ``__init__``) and override
+    :meth:`handle` or, with ``batch_max > 1``, :meth:`handle_batch`. A handler returns
+    normally once its effect is applied (durably); it raises ``RetryableInfraError`` for
+    transient failures (retried) and anything else for permanent ones (dead-lettered).
+    """
+
+    name: str
+    #: Topic suffix (``memstream.schemas.topics.JOURNAL`` ...); the prefix is a setting.
+    topic: str
+    #: Records per ``handle_batch`` call; 1 means one ``handle`` call per record.
+    batch_max: int = 1
+    #: Longest wait for a batch to fill before it is handed over anyway.
+    batch_within_s: float = 0.5
+
+    async def start(self, ctx: ProcessorContext) -> None:  # noqa: B027 - optional hook
+        """Called once before the first record (open connections, keep ``ctx``)."""
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        """Called once after the last record."""
+
+    async def handle(self, envelope: Envelope, meta: EventMeta) -> None:
+        """Apply one event. Must be idempotent."""
+        raise NotImplementedError(f"{type(self).__name__} must override handle or handle_batch")
+
+    async def handle_batch(self, items: Sequence[Received]) -> None:
+        """Apply several events in order (default: ``handle`` each). Must be idempotent."""
+        for item in items:
+            await self.handle(item.envelope, item.meta)
+
+
+class Dispatcher:
+    """Decode, handle with retries, dead-letter on failure, count and time. See module doc."""
+
+    def __init__(
+        self,
+        processor: Processor,
+        *,
+        dlq_topic: str,
+        publish: Publish,
+        metrics: Metrics,
+        retry: RetryPolicy | None = None,
+        now_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.processor = processor
+        self.dlq_topic = dlq_topic
+        self._publish = publish
+        self._metrics = metrics
+        self._retry = retry or RetryPolicy()
+        self._now_ms = now_ms or (lambda: int(time.time() * 1000))
+        name = processor.name
+        self._latency = metrics.processing_latency.labels(name)
+        self._errors_decode = metrics.processor_errors.labels(name, "decode")
+        self._errors_handler = metrics.processor_errors.labels(name, "handler")
+        self._errors_retry = metrics.processor_errors.labels(name, "retry")
+
+    async def dispatch(self, records: Sequence[RawRecord]) -> None:
+        """Handle ``records`` (one batch, in order). Returns when each is applied or in the DLQ."""
+        if not records:
+            return
+        good: list[Received] = []
+        for rec in records:
+            try:
+                good.append(Received(decode(rec.value), rec.meta))
+            except DecodeError as e:
+                self._errors_decode.inc()
+                await self._dead_letter(rec.meta, rec.value, f"DecodeError: {e} (field {e.field})")
+        started = time.perf_counter()
+        if good:
+            error = await self._run(good)
+            if error is not None and len(good) > 1:
+                # Isolate the bad records: only those that fail alone go to the DLQ.
+                for item in good:
+                    single = await self._run([item])
+                    if single is not None:
+                        await self._fail(item, single, records)
+            elif error is not None:
+                await self._fail(good[0], error, records)
+        self._latency.observe(time.perf_counter() - started)
+        by_topic: dict[str, int] = {}
+        for rec in records:
+            by_topic[rec.meta.topic] = by_topic.get(rec.meta.topic, 0) + 1
+        for topic, n in by_topic.items():
+            self._metrics.events_processed.labels(self.processor.name, topic).inc(n)
+
+    async def _run(self, items: list[Received]) -> BaseException | None:
+        """Call the handler with retries; the final exception, or None on success."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if len(items) == 1 and self.processor.batch_max <= 1:
+                    await self.processor.handle(items[0].envelope, items[0].meta)
+                else:
+                    await self.processor.handle_batch(items)
+            except RetryableInfraError as e:
+                self._errors_retry.inc()
+                if attempt >= self._retry.attempts:
+                    return e
+                first = items[0].meta
+                log.warning(
+                    "%s: retryable error at %s[%d]@%d (attempt %d/%d): %s",
+                    self.processor.name,
+                    first.topic,
+                    first.partition,
+                    first.offset,
+                    attempt,
+                    self._retry.attempts,
+                    e,
+                )
+                await asyncio.sleep(self._retry.delay(attempt))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                return e
+            else:
+                return None
+
+    async def _fail(
+        self, item: Received, error: BaseException, records: Sequence[RawRecord]
+    ) -> None:
+        self._errors_handler.inc()
+        raw = next(r.value for r in records if r.meta == item.meta)
+        await self._dead_letter(
+            item.meta,
+            raw,
+            f"{type(error).__name__}: {error}",
+            account_id=item.envelope.account_id,
+            agent_id=item.envelope.agent_id,
+            exc=error,
+        )
+
+    async def _dead_letter(
+        self,
+        meta: EventMeta,
+        raw: bytes,
+        error: str,
+        *,
+        account_id: str = "",
+        agent_id: str = "",
+        exc: BaseException | None = None,
+    ) -> None:
+        env = dead_letter(
+            raw=raw,
+            error=error,
+            processor=self.processor.name,
+            topic=meta.topic,
+            partition=meta.partition,
+            offset=meta.offset,
+            key=meta.key,
+            ts=self._now_ms(),
+            account_id=account_id,
+            agent_id=agent_id,
+        )
+        log.error(
+            "%s: dead-lettering %s[%d]@%d: %s",
+            self.processor.name,
+            meta.topic,
+            meta.partition,
+            meta.offset,
+            error,
+            exc_info=exc,
+        )
+        value = encode(env)
+        delay = self._retry.first_delay
+        while True:
+            try:
+                await self._publish(self.dlq_topic, meta.key, value)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the broker is away: never ack without a DLQ record
+                log.warning("%s: DLQ publish failed, retrying: %s", self.processor.name, e)
+                await asyncio.sleep(delay)
+                delay = min(self._retry.max_delay, delay * 2)
+        self._metrics.dead_letters.labels(self.processor.name, meta.topic).inc()

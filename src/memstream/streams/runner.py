@@ -1,0 +1,228 @@
+"""Host several processor Apps in one asyncio loop.
+
+``memstream up`` hosts every processor in its one process; ``memstream worker A B`` hosts the
+chosen ones. Each processor still gets its own faust App and consumer group (so its lag,
+replay and scaling stay its own); the Apps are started with ``await app.start()`` side by
+side, without faust's ``Worker`` (which wants to own the loop, signals and logging).
+
+The composition root owns the mapping from processor names to factories and passes it in
+(``Runner(settings, {"counters": make_counters, ...}, metrics)``): there is no global
+registry. A factory is a zero-argument callable returning a fresh
+:class:`~memstream.streams.processor.Processor`; it closes over the adapters it needs.
+
+Guarantees:
+
+- ``start()`` starts each processor (``Processor.start``) before its App, so no record is
+  handed over before the processor is ready; if one fails to start, those already started
+  are stopped and the error propagates.
+- ``stop()`` stops Apps in reverse order; faust finishes the record in hand and commits
+  acknowledged offsets; then ``Processor.stop`` runs. Records not yet acknowledged are
+  re-delivered to the next member of the group (at-least-once).
+- ``run_until_stopped()`` returns after SIGINT/SIGTERM (or ``request_stop()``, or
+  cancellation), always having called ``stop()``.
+- While running, consumer lag of every hosted group is refreshed into the
+  ``memstream_consumer_lag`` gauge every ``lag_interval_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import faust
+
+from memstream.errors import InvalidRequest
+from memstream.infra.metrics import Metrics
+from memstream.infra.settings import Settings
+from memstream.schemas.topics import Topics
+from memstream.streams.app import attach_processor, last_commit_time, make_app
+from memstream.streams.lag import consumer_lag
+from memstream.streams.processor import Processor, ProcessorContext, RetryPolicy
+
+__all__ = ["HostedProcessor", "ProcessorFactory", "Runner"]
+
+log = logging.getLogger(__name__)
+
+ProcessorFactory = Callable[[], Processor]
+
+
+@dataclass(slots=True)
+class HostedProcessor:
+    """One running processor: its faust App and the context it was started with."""
+
+    name: str
+    processor: Processor
+    app: faust.App
+    ctx: ProcessorContext
+
+    @property
+    def group_id(self) -> str:
+        return self.ctx.group_id
+
+    @property
+    def input_topic(self) -> str:
+        return self.ctx.topics.prefix + self.processor.topic
+
+    def assigned(self) -> bool:
+        """True once the consumer holds at least one partition of the group."""
+        try:
+            return bool(self.app.consumer.assignment())
+        except Exception:  # consumer not built yet
+            return False
+
+    def last_commit(self) -> float | None:
+        return last_commit_time(self.app)
+
+
+class Runner:
+    """Runs the selected processors, each its own App and group, in the current loop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        factories: Mapping[str, ProcessorFactory],
+        metrics: Metrics,
+        *,
+        names: Sequence[str] | None = None,
+        bootstrap: str | None = None,
+        retry: RetryPolicy | None = None,
+        lag_interval_s: float | None = 5.0,
+    ) -> None:
+        """``names`` selects processors (default: all, in ``factories`` order); an unknown
+        name raises ``InvalidRequest(field="processors")``."""
+        chosen = list(names) if names else list(factories)
+        unknown = [n for n in chosen if n not in factories]
+        if unknown:
+            raise InvalidRequest(
+                f"unknown processor(s) {', '.join(unknown)}; known: {', '.join(factories)}",
+                field="processors",
+            )
+        if len(set(chosen)) != len(chosen):
+            raise InvalidRequest("a processor is named twice", field="processors")
+        self.settings = settings
+        self.metrics = metrics
+        self._factories = factories
+        self._names = chosen
+        self._bootstrap = bootstrap or settings.kafka_bootstrap
+        self._retry = retry
+        self._lag_interval = lag_interval_s
+        self._hosted: list[HostedProcessor] = []
+        self._stop = asyncio.Event()
+        self._lag_task: asyncio.Task[None] | None = None
+
+    @property
+    def hosted(self) -> Sequence[HostedProcessor]:
+        return tuple(self._hosted)
+
+    def get(self, name: str) -> HostedProcessor:
+        for h in self._hosted:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    async def start(self) -> None:
+        try:
+            for name in self._names:
+                processor = self._factories[name]()
+                if processor.name != name:
+                    raise InvalidRequest(
+                        f"factory for {name!r} built processor named {processor.name!r}",
+                        field="processors",
+                    )
+                app = make_app(name, self.settings, bootstrap=self._bootstrap)
+                ctx = attach_processor(
+                    app, processor, self.settings, self.metrics, retry=self._retry
+                )
+                await processor.start(ctx)
+                self._hosted.append(HostedProcessor(name, processor, app, ctx))
+            # Apps join their groups concurrently: a join takes ~half a session timeout.
+            await asyncio.gather(*(h.app.start() for h in self._hosted))
+            for h in self._hosted:
+                log.info("processor %s started (group %s)", h.name, h.group_id)
+        except BaseException:
+            await self.stop()
+            raise
+        if self._lag_interval:
+            self._lag_task = asyncio.create_task(self._refresh_lag(self._lag_interval))
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait until every hosted consumer holds partitions (raises TimeoutError)."""
+        async with asyncio.timeout(timeout):
+            while not all(h.assigned() for h in self._hosted):
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """Stop every hosted App, then its processor. Safe to call twice."""
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+            self._lag_task = None
+        while self._hosted:
+            h = self._hosted.pop()
+            try:
+                await h.app.stop()
+            except Exception:
+                log.exception("processor %s: error while stopping its app", h.name)
+            try:
+                await h.processor.stop()
+            except Exception:
+                log.exception("processor %s: error in stop()", h.name)
+            log.info("processor %s stopped", h.name)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run_until_stopped(self, *, handle_signals: bool = True) -> None:
+        """Start, run until SIGINT/SIGTERM/``request_stop()``/cancellation, then stop."""
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, self.request_stop)
+                    installed.append(sig)
+        try:
+            await self.start()
+            await self._stop.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await asyncio.shield(self.stop())
+
+    async def __aenter__(self) -> Runner:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _refresh_lag(self, interval: float) -> None:
+        topics = Topics(self.settings.topic_prefix)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                for h in list(self._hosted):
+                    rows = await consumer_lag(
+                        self._bootstrap,
+                        {h.group_id: [topics.prefix + h.processor.topic]},
+                        last_commit={h.group_id: h.last_commit()},
+                    )
+                    for r in rows:
+                        self.metrics.consumer_lag.labels(r.group, r.topic, str(r.partition)).set(
+                            r.lag
+                        )
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("lag refresh failed: %s", e)
