@@ -16,8 +16,10 @@ from memstream.errors import InfraError
 if TYPE_CHECKING:
     from memstream.infra.accounts import Accounts
     from memstream.infra.journal import Journal
+    from memstream.infra.llm.ports import SummaryModel
     from memstream.infra.metrics import Metrics
     from memstream.infra.settings import Settings
+    from memstream.projections.messages import MessageStore
 
 
 @dataclass
@@ -28,6 +30,8 @@ class Services:
     clock: Clock = field(default_factory=SystemClock)
     metrics: Metrics | None = None
     health: dict[str, bool] = field(default_factory=dict)
+    message_store: MessageStore | None = None  # transcript search (ClickHouse projection)
+    summary_model: SummaryModel | None = None  # utility model for search summaries
 
     def need_journal(self) -> Journal:
         if self.journal is None:

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import ORJSONResponse
 
 from memstream import __version__
-from memstream.agents_ctx.http import errors, threads_routes
+from memstream.agents_ctx.http import admin_routes, errors, journal_routes, threads_routes
 from memstream.agents_ctx.services import Services
 from memstream.schemas.limits import MAX_REQUEST_BYTES
 
@@ -57,4 +57,6 @@ def create_app(services: Services) -> FastAPI:
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(threads_routes.router)
+    app.include_router(admin_routes.router)
+    app.include_router(journal_routes.router)
     return app

@@ -1,0 +1,87 @@
+"""The journal tools over HTTP: ``POST .../journal/search`` and
+``GET .../journal/tool-calls/{tool_call_id}?offset=&length=``.
+
+Agent surface only: these routes exist on the HTTP API and are never registered on the MCP
+gateway. Bodies and query strings are parsed by hand so every error names its field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import ORJSONResponse
+
+from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
+from memstream.agents_ctx.journal_tools import journal_message_search, journal_tool_call_view
+from memstream.agents_ctx.services import Services
+from memstream.errors import InfraError, InvalidRequest
+from memstream.infra.llm.ports import SummaryModel
+from memstream.infra.llm.summary import ExtractiveSummaryModel
+from memstream.projections.messages import MessageStore
+from memstream.schemas.limits import SEARCH_DEFAULT_LIMIT, TOOL_VIEW_MAX_BYTES
+
+router = APIRouter(prefix="/v1/agents/{agent_id}")
+
+
+def _store(svc: Services) -> MessageStore:
+    if svc.message_store is None:
+        raise InfraError("transcript search is not available in this process")
+    return svc.message_store
+
+
+def _summarizer(svc: Services) -> SummaryModel:
+    return svc.summary_model if svc.summary_model is not None else ExtractiveSummaryModel()
+
+
+async def _body(request: Request) -> Mapping[str, object]:
+    raw = await request.body()
+    try:
+        obj = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(f"the body is not valid JSON: {e}", field="body") from None
+    if not isinstance(obj, dict):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    return obj
+
+
+def _query_int(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer", field=name) from None
+
+
+@router.post("/journal/search")
+async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> ORJSONResponse:
+    body = await _body(request)
+    result = await journal_message_search(
+        caller,
+        body.get("query"),
+        scope=body.get("scope", "all_threads"),
+        thread_id=body.get("thread_id"),
+        limit=body.get("limit", SEARCH_DEFAULT_LIMIT),
+        summarize=body.get("summarize", True),
+        store=_store(svc),
+        summarizer=_summarizer(svc),
+    )
+    return ORJSONResponse(result.to_dict())
+
+
+@router.get("/journal/tool-calls/{tool_call_id}")
+async def tool_call(
+    tool_call_id: str, request: Request, caller: CallerDep, svc: ServicesDep
+) -> ORJSONResponse:
+    page = await journal_tool_call_view(
+        caller,
+        tool_call_id,
+        offset=_query_int(request, "offset", 0),
+        length=_query_int(request, "length", TOOL_VIEW_MAX_BYTES),
+        journal=svc.need_journal(),
+        store=_store(svc),
+    )
+    return ORJSONResponse(page.to_dict())
