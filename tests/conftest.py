@@ -8,4 +8,5 @@ ClickHouse or SlateDB.
 pytest_plugins = [
     "tests.fixtures.stores",  # embedded Postgres and Valkey (Redis)
     "tests.fixtures.kafka",  # Apache Kafka (and Tansu for the smoke subset)
+    "tests.fixtures.journal",  # SlateDB journal on a fresh local folder
 ]

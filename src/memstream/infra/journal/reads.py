@@ -1,0 +1,178 @@
+"""The journal's read methods, shared by the writer (:class:`Journal`) and :class:`JournalReader`.
+
+Reads only ever return *durable* data: scans and gets use SlateDB's ``REMOTE`` durability
+filter, so a message the writer has staged but not yet acknowledged is never visible, and a
+write that is later lost (fencing) was never seen by anyone.
+
+Every SlateDB failure becomes :class:`~memstream.errors.JournalUnavailable` (or
+:class:`~memstream.errors.JournalFenced` for a fenced writer): callers never see a driver
+error, and a failed read is never replaced by a stale or empty answer.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from slatedb.uniffi import (
+    DbIterator,
+    DurabilityLevel,
+    IterationOrder,
+    KeyRange,
+    KeyValue,
+    ReadOptions,
+    ScanOptions,
+)
+
+from memstream.errors import InvalidRequest, JournalError
+from memstream.infra.journal import keys
+from memstream.infra.journal.codec import ToolCallRecord, decode_message, decode_tool_call
+from memstream.infra.journal.failures import SLATE_FAILURES, translate
+from memstream.schemas.records import Message, ThreadRef
+
+_ALL = KeyRange(start=None, start_inclusive=False, end=None, end_inclusive=False)
+_READ = ReadOptions(durability_filter=DurabilityLevel.REMOTE, dirty=False, cache_blocks=True)
+_SCAN_BATCH = 256
+
+
+def _scan_options(order: IterationOrder, read_ahead: int = 64 * 1024) -> ScanOptions:
+    return ScanOptions(
+        durability_filter=DurabilityLevel.REMOTE,
+        dirty=False,
+        read_ahead_bytes=read_ahead,
+        cache_blocks=True,
+        max_fetch_tasks=1,
+        order=order,
+    )
+
+
+_ASC = _scan_options(IterationOrder.ASCENDING)
+_DESC = _scan_options(IterationOrder.DESCENDING, read_ahead=16 * 1024)
+
+
+class SlateReadable(Protocol):
+    """What both ``slatedb.Db`` and ``slatedb.DbReader`` offer for reading."""
+
+    async def get_with_options(self, key: bytes, options: ReadOptions) -> bytes | None: ...
+
+    async def scan_prefix_with_options(
+        self, prefix: bytes, subrange: KeyRange, options: ScanOptions
+    ) -> DbIterator: ...
+
+
+class JournalReads:
+    """Read methods over one SlateDB handle. Subclasses provide ``_db`` and may hook
+    ``_on_failure`` (the writer uses it to notice it was fenced)."""
+
+    _db: SlateReadable
+
+    def _on_failure(self, err: JournalError) -> None:  # pragma: no cover - hook
+        """Called with every translated failure before it is raised."""
+
+    def _fail(self, exc: BaseException, doing: str) -> JournalError:
+        err = translate(exc, doing)
+        self._on_failure(err)
+        return err
+
+    # --- primitives ----------------------------------------------------------------------------
+    async def _get(self, key: bytes, doing: str) -> bytes | None:
+        try:
+            return await self._db.get_with_options(key, _READ)
+        except SLATE_FAILURES as e:
+            raise self._fail(e, doing) from e
+
+    async def _scan(
+        self, prefix: bytes, subrange: KeyRange, *, limit: int | None, descending: bool, doing: str
+    ) -> list[KeyValue]:
+        out: list[KeyValue] = []
+        try:
+            it = await self._db.scan_prefix_with_options(
+                prefix, subrange, _DESC if descending else _ASC
+            )
+            while limit is None or len(out) < limit:
+                want = _SCAN_BATCH if limit is None else min(_SCAN_BATCH, limit - len(out))
+                batch = await it.next_batch(want)
+                out.extend(batch)
+                if len(batch) < want:
+                    break
+        except SLATE_FAILURES as e:
+            raise self._fail(e, doing) from e
+        return out
+
+    # --- messages ------------------------------------------------------------------------------
+    async def last(self, ref: ThreadRef, n: int) -> list[Message]:
+        """The last ``n`` durable messages of a thread, oldest first (fewer if it has fewer)."""
+        if n < 0:
+            raise InvalidRequest("n must be >= 0", field="n")
+        if n == 0:
+            return []
+        rows = await self._scan(
+            keys.thread_prefix(ref), _ALL, limit=n, descending=True, doing="reading a thread"
+        )
+        return [decode_message(kv.value) for kv in reversed(rows)]
+
+    async def read_range(self, ref: ThreadRef, start: int, end_inclusive: int) -> list[Message]:
+        """Messages with ``start <= offset <= end_inclusive``, in offset order."""
+        if start < 0:
+            raise InvalidRequest("start must be >= 0", field="start")
+        if end_inclusive < start:
+            return []
+        span = KeyRange(
+            start=keys.u64(start, field="start"),
+            start_inclusive=True,
+            end=keys.u64(end_inclusive, field="end"),
+            end_inclusive=True,
+        )
+        rows = await self._scan(
+            keys.thread_prefix(ref), span, limit=None, descending=False, doing="reading a range"
+        )
+        return [decode_message(kv.value) for kv in rows]
+
+    async def next_offset(self, ref: ThreadRef) -> int:
+        """The offset the thread's next message will get (0 for an empty thread)."""
+        rows = await self._scan(
+            keys.thread_prefix(ref), _ALL, limit=1, descending=True, doing="reading an offset"
+        )
+        if not rows:
+            return 0
+        return keys.decode_message_key(rows[0].key)[1] + 1
+
+    # --- tool calls ----------------------------------------------------------------------------
+    async def tool_call(
+        self, account_id: str, agent_id: str, tool_call_id: str
+    ) -> ToolCallRecord | None:
+        """The stored tool call of this account/agent with this id, or None."""
+        raw = await self._get(
+            keys.tool_call_key(account_id, agent_id, tool_call_id), "reading a tool call"
+        )
+        return None if raw is None else decode_tool_call(raw)
+
+    # --- the global sequence (for the relay) ---------------------------------------------------
+    async def read_seq(self, after_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` sequenced records with seq > ``after_seq``, in seq order, as
+        ``(seq, encoded Envelope)``. Seqs start at 1 and have no gaps."""
+        if limit <= 0:
+            return []
+        if after_seq < 0:
+            raise InvalidRequest("after_seq must be >= 0", field="after_seq")
+        span = KeyRange(
+            start=keys.u64(after_seq + 1, field="after_seq"),
+            start_inclusive=True,
+            end=None,
+            end_inclusive=False,
+        )
+        rows = await self._scan(
+            keys.SEQUENCE, span, limit=limit, descending=False, doing="reading the sequence"
+        )
+        return [(keys.read_u64(kv.key[1:]), kv.value) for kv in rows]
+
+    async def last_seq(self) -> int:
+        """The highest durable seq (0 when the journal is empty)."""
+        rows = await self._scan(
+            keys.SEQUENCE, _ALL, limit=1, descending=True, doing="reading the sequence"
+        )
+        return keys.decode_seq_key(rows[0].key) if rows else 0
+
+    async def relay_watermark(self) -> int:
+        """The highest seq the relay recorded as published (0 if none)."""
+        raw = await self._get(keys.RELAY_WATERMARK, "reading the relay watermark")
+        return 0 if raw is None else keys.read_u64(raw)
