@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     qdrant_url: str = Field(default="", description="Qdrant server URL; empty = qdrant-edge.")
     qdrant_api_key: SecretStr = SecretStr("")
     clickhouse_url: str = Field(default="", description="ClickHouse server; empty = chdb.")
+    clickhouse_database: str = Field(
+        default="memstream", description="Database of the transcript-search tables."
+    )
 
     # --- models -----------------------------------------------------------------------------
     llm_provider: Literal["offline", "openai"] = "offline"
@@ -67,7 +70,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     api_keys: str = Field(default="", description="'account:key,account:key' seeded at start-up.")
-    default_user_header: str = "X-Memstream-User"
+    admin_token: SecretStr = Field(
+        default=SecretStr(""),
+        description="Token for /admin routes (produce, replay); `memstream up` makes one.",
+    )
 
     # --- processors -------------------------------------------------------------------------
     consumer_session_timeout_s: float = 6.0

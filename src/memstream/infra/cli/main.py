@@ -1,0 +1,278 @@
+"""The ``memstream`` command line (typer). Settings come from ``MEMSTREAM_*`` variables
+and flags; commands that talk to a running system find it with ``--data-dir`` (the state
+file ``memstream up`` writes) or with the ``MEMSTREAM_*`` addresses.
+
+Exit status: 0 success, 1 the command ran but something failed (e.g. bad lines in
+``produce``, lag over ``--max-lag``), 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from memstream.errors import MemstreamError
+from memstream.infra.cli.state import clear_running, read_state
+from memstream.infra.settings import Settings
+
+app = typer.Typer(
+    name="memstream",
+    help="Memory for LLM agents, as an event-sourced stream-processing pipeline.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+err = Console(stderr=True)
+out = Console()
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="Data directory (default: $MEMSTREAM_DATA_DIR or .memstream)."),
+]
+
+
+def load_settings(data_dir: Path | None = None, **overrides: object) -> Settings:
+    try:
+        s = Settings()
+    except Exception as e:  # pydantic ValidationError names the variable
+        err.print(f"[red]invalid settings:[/] {e}")
+        raise typer.Exit(2) from None
+    update = {k: v for k, v in overrides.items() if v is not None}
+    if data_dir is not None:
+        update["data_dir"] = data_dir
+    return s.model_copy(update=update) if update else s
+
+
+def settings_for_running(data_dir: Path | None) -> Settings:
+    """Settings of a running ``memstream up`` (its state file), else from the environment."""
+    s = load_settings(data_dir)
+    state = read_state(s.resolved_data_dir())
+    if not state:
+        return s
+    from pydantic import SecretStr
+
+    update: dict[str, object] = {}
+    if not s.kafka_bootstrap and isinstance(state.get("kafka_bootstrap"), str):
+        update["kafka_bootstrap"] = state["kafka_bootstrap"]
+    for name in ("postgres_dsn", "redis_url", "admin_token"):
+        cur = getattr(s, name).get_secret_value()
+        if not cur and isinstance(state.get(name), str):
+            update[name] = SecretStr(str(state[name]))
+    return s.model_copy(update=update)
+
+
+def api_url_of(s: Settings, url: str | None) -> str:
+    if url:
+        return url.rstrip("/")
+    state = read_state(s.resolved_data_dir()) or {}
+    found = state.get("api_url")
+    if not isinstance(found, str) or not state.get("running"):
+        err.print(
+            f"[red]no running memstream found in {s.resolved_data_dir()}[/] "
+            "(start one with `memstream up`, or pass --url)"
+        )
+        raise typer.Exit(2)
+    return found
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def run(coro: object) -> object:
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except MemstreamError as e:
+        err.print(f"[red]error:[/] {e.message}" + (f" (field: {e.field})" if e.field else ""))
+        raise typer.Exit(1) from None
+
+
+async def serve_until_signal(stack_start: object, on_ready: object = None) -> None:
+    """Start a Stack, print readiness, and stop it cleanly on SIGINT/SIGTERM."""
+    from memstream.infra.cli.wiring import Stack
+
+    assert isinstance(stack_start, Stack)
+    stack = stack_start
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stack.start()
+        if callable(on_ready):
+            on_ready(stack)
+        await stop.wait()
+    finally:
+        await stack.stop()
+
+
+@app.command()
+def up(
+    data_dir: DataDir = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default 8080; 0 = any).")] = None,
+    host: Annotated[str | None, typer.Option(help="HTTP host.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run everything on embedded servers: Postgres, Valkey and a Kafka broker as child
+    processes, plus the API, the journal writer, the relays and every processor."""
+    from memstream.infra.cli.wiring import Stack
+
+    setup_logging(verbose)
+    s = load_settings(data_dir, port=port, host=host)
+    stack = Stack(s, embedded=True)
+
+    def ready(st: Stack) -> None:
+        st.record_state()
+        print(f"memstream ready at {st.api_url}", flush=True)
+
+    try:
+        run(serve_until_signal(stack, ready))
+    finally:
+        clear_running(stack.settings.resolved_data_dir())
+
+
+@app.command()
+def api(
+    data_dir: DataDir = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    host: Annotated[str | None, typer.Option()] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve the HTTP API (and the journal writer and relay) against configured servers."""
+    from memstream.infra.cli.wiring import Stack
+
+    setup_logging(verbose)
+    s = load_settings(data_dir, port=port, host=host)
+    stack = Stack(s, embedded=False, api=True, pipeline=True, processors=[])
+
+    def ready(st: Stack) -> None:
+        print(f"memstream api ready at {st.api_url}", flush=True)
+
+    run(serve_until_signal(stack, ready))
+
+
+@app.command()
+def worker(
+    processors: Annotated[
+        list[str] | None, typer.Argument(help="Processors to run (default: all).")
+    ] = None,
+    data_dir: DataDir = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run stream processors against configured servers; scale out by partitions."""
+    from memstream.infra.cli.wiring import Stack
+
+    setup_logging(verbose)
+    s = load_settings(data_dir)
+    stack = Stack(s, embedded=False, api=False, pipeline=False, processors=processors or None)
+
+    def ready(_: Stack) -> None:
+        print("memstream worker ready", flush=True)
+
+    run(serve_until_signal(stack, ready))
+
+
+@app.command()
+def migrate(data_dir: DataDir = None) -> None:
+    """Apply Postgres migrations."""
+    from memstream.infra.postgres import create_pool
+    from memstream.infra.postgres import migrate as do_migrate
+
+    s = settings_for_running(data_dir)
+    dsn = s.postgres_dsn.get_secret_value()
+    if not dsn:
+        err.print(
+            "[red]set MEMSTREAM_POSTGRES_DSN[/] (or pass --data-dir of a running `memstream up`)"
+        )
+        raise typer.Exit(2)
+
+    async def go() -> list[str]:
+        pool = await create_pool(dsn)
+        try:
+            return await do_migrate(pool)
+        finally:
+            await pool.close()
+
+    applied = run(go())
+    assert isinstance(applied, list)
+    out.print(
+        f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else "")
+    )
+
+
+@keys_app.command("create")
+def keys_create(account: str, data_dir: DataDir = None) -> None:
+    """Create an API key for ACCOUNT and print it (it is shown only this once)."""
+    from memstream.agents_ctx.validation import check_id
+    from memstream.infra.accounts import Accounts
+    from memstream.infra.postgres import create_pool
+    from memstream.infra.postgres import migrate as do_migrate
+
+    try:
+        check_id(account, "ACCOUNT")
+    except MemstreamError as e:
+        err.print(f"[red]error:[/] {e.message}")
+        raise typer.Exit(2) from None
+    s = settings_for_running(data_dir)
+    dsn = s.postgres_dsn.get_secret_value()
+    if not dsn:
+        err.print(
+            "[red]set MEMSTREAM_POSTGRES_DSN[/] (or pass --data-dir of a running `memstream up`)"
+        )
+        raise typer.Exit(2)
+
+    async def go() -> str:
+        pool = await create_pool(dsn)
+        try:
+            await do_migrate(pool)
+            return await Accounts(pool).create_key(account)
+        finally:
+            await pool.close()
+
+    key = run(go())
+    print(key)
+
+
+@app.command()
+def produce(
+    file: Annotated[str, typer.Argument(help="JSON-lines file of messages, or - for stdin.")],
+    data_dir: DataDir = None,
+    url: Annotated[str | None, typer.Option(help="API URL (default: the running `up`).")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=64)] = 8,
+) -> None:
+    """Append JSON lines of messages to the journal, with a progress bar and a per-line
+    error report. Exits 1 if any line failed."""
+    from memstream.infra.cli.produce_cmd import produce_file
+
+    s = settings_for_running(data_dir)
+    base = api_url_of(s, url)
+    token = s.admin_token.get_secret_value()
+    if not token:
+        err.print(
+            "[red]no admin token[/]: set MEMSTREAM_ADMIN_TOKEN or use --data-dir of `memstream up`"
+        )
+        raise typer.Exit(2)
+    ok = run(produce_file(file, base, token, concurrency, err))
+    if not ok:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    with contextlib.suppress(BrokenPipeError):
+        app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The composition root: builds every adapter from ``Settings`` and runs them.
+
+``Stack`` is everything one process runs. ``memstream up`` starts it with ``embedded=True``
+(launching Postgres, Valkey and a Kafka broker as child processes under the data
+directory, with chdb, qdrant-edge and SlateDB in-process); ``memstream api`` and
+``memstream worker`` start parts of it against configured servers. Parts start in
+dependency order and stop in reverse; a failure while starting stops what had started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import redis.asyncio as aioredis
+import uvicorn
+from pydantic import SecretStr
+
+from memstream.agents_ctx.http.app import create_app
+from memstream.agents_ctx.services import Services
+from memstream.clock import Clock, SystemClock
+from memstream.infra.accounts import Accounts
+from memstream.infra.cli.state import read_state, write_state
+from memstream.infra.embedded.base import EmbeddedServer, port_is_free
+from memstream.infra.embedded.kafka import embedded_broker
+from memstream.infra.embedded.postgres import EmbeddedPostgres
+from memstream.infra.embedded.redis import EmbeddedRedis
+from memstream.infra.journal import Journal, open_journal
+from memstream.infra.postgres import create_pool, migrate
+from memstream.infra.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Stopper = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Stack:
+    """One process's parts. ``api``: serve HTTP; ``pipeline``: journal writer, relays and
+    processors. ``memstream up`` runs both with embedded servers."""
+
+    settings: Settings
+    embedded: bool = False
+    api: bool = True
+    pipeline: bool = True
+    processors: list[str] | None = None
+    clock: Clock = field(default_factory=SystemClock)
+    servers: list[EmbeddedServer] = field(default_factory=list)
+    pool: asyncpg.Pool | None = None
+    redis: aioredis.Redis | None = None
+    journal: Journal | None = None
+    services: Services | None = None
+    api_url: str = ""
+    _stoppers: list[Stopper] = field(default_factory=list)
+    _server: uvicorn.Server | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    # --- start ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        data_dir = self.settings.resolved_data_dir()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        if self.embedded:
+            await self._start_embedded(data_dir)
+        s = self.settings
+        self.pool = await create_pool(s.postgres_dsn.get_secret_value(), max_size=20)
+        self._stoppers.append(self.pool.close)
+        await migrate(self.pool)
+        accounts = Accounts(self.pool)
+        for account, key in s.seeded_api_keys():
+            await accounts.add_key(account, key)
+        self.redis = aioredis.from_url(s.redis_url.get_secret_value())
+        self._stoppers.append(self.redis.aclose)
+        if self.pipeline:
+            self.journal = await open_journal(s, self.clock)
+            self._stoppers.append(self.journal.close)
+        self.services = Services(
+            settings=s, accounts=accounts, journal=self.journal, clock=self.clock
+        )
+        self.services.health.update({"postgres": True, "redis": True})
+        if self.pipeline:
+            self.services.health["journal"] = True
+            await self._start_pipeline()
+        if self.api:
+            await self._start_api()
+
+    async def _start_embedded(self, data_dir: Path) -> None:
+        """Launch what the settings leave unset; reuse last run's ports when still free."""
+        s = self.settings
+        previous = read_state(data_dir) or {}
+        ports = previous.get("ports") if isinstance(previous.get("ports"), dict) else {}
+        assert isinstance(ports, dict)
+
+        def port(name: str) -> int | None:
+            p = ports.get(name)
+            return p if isinstance(p, int) and port_is_free(p) else None
+
+        update: dict[str, object] = {}
+        if not s.postgres_dsn.get_secret_value():
+            pg = EmbeddedPostgres(data_dir / "postgres", port=port("postgres"))
+            await self._launch(pg)
+            update["postgres_dsn"] = SecretStr(pg.dsn)
+        if not s.redis_url.get_secret_value():
+            rd = EmbeddedRedis(data_dir / "redis", port=port("redis"))
+            await self._launch(rd)
+            update["redis_url"] = SecretStr(rd.url)
+        if not s.kafka_bootstrap:
+            broker = embedded_broker(
+                data_dir,
+                broker=s.kafka_broker,
+                port=port("kafka"),
+                version=s.kafka_version,
+                partitions=s.partitions,
+            )
+            await self._launch(broker)
+            update["kafka_bootstrap"] = broker.address
+        if not s.admin_token.get_secret_value():
+            token = previous.get("admin_token")
+            update["admin_token"] = SecretStr(
+                token if isinstance(token, str) else secrets.token_urlsafe(24)
+            )
+        self.settings = s.model_copy(update=update)
+
+    async def _launch(self, server: EmbeddedServer) -> None:
+        await server.start()
+        self.servers.append(server)
+        self._stoppers.append(server.stop)
+
+    async def _start_pipeline(self) -> None:
+        """Topics, the journal relay, the outbox relay and the processors."""
+        from memstream.infra.cli.pipeline import start_pipeline
+
+        assert self.services is not None
+        stoppers = await start_pipeline(self)
+        self._stoppers.extend(stoppers)
+
+    async def _start_api(self) -> None:
+        assert self.services is not None
+        s = self.settings
+        app = create_app(self.services)
+        config = uvicorn.Config(
+            app, host=s.host, port=s.port, log_level="warning", lifespan="off", access_log=False
+        )
+        server = uvicorn.Server(config)
+        self._server = server
+        # _serve, not serve: serve() swaps in uvicorn's own signal handlers, and the process
+        # that hosts us (memstream up, tests) owns SIGINT/SIGTERM.
+        task = asyncio.create_task(server._serve(), name="uvicorn")
+        self._tasks.append(task)
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("the HTTP server stopped while starting")
+            await asyncio.sleep(0.02)
+        sock = server.servers[0].sockets[0].getsockname()
+        self.api_url = f"http://{s.host}:{sock[1]}"
+
+    def record_state(self) -> None:
+        """Write ``memstream.json`` for the other CLI commands."""
+        import os
+
+        s = self.settings
+        ports: dict[str, int] = {}
+        for srv in self.servers:
+            ports[{"postgres": "postgres", "valkey": "redis"}.get(srv.name, "kafka")] = srv.port
+        write_state(
+            s.resolved_data_dir(),
+            {
+                "running": True,
+                "pid": os.getpid(),
+                "api_url": self.api_url,
+                "kafka_bootstrap": s.kafka_bootstrap,
+                "postgres_dsn": s.postgres_dsn.get_secret_value(),
+                "redis_url": s.redis_url.get_secret_value(),
+                "admin_token": s.admin_token.get_secret_value(),
+                "topic_prefix": s.topic_prefix,
+                "ports": ports,
+            },
+        )
+
+    # --- stop -------------------------------------------------------------------------------
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(t, 10)
+        self._tasks.clear()
+        while self._stoppers:
+            stop = self._stoppers.pop()
+            try:
+                await stop()
+            except Exception:
+                log.exception("error while stopping %s", stop)
