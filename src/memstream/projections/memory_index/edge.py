@@ -1,0 +1,307 @@
+"""qdrant-edge adapter: the embedded default. Qdrant's engine in this process.
+
+Each collection is one ``EdgeShard`` in its own directory ``<base_dir>/<collection>``, opened
+on first use and kept open. One process per base directory (the shard is not shared across
+processes; run a Qdrant server for several projector processes). Every shard call blocks,
+so it runs in a worker thread. Writes go through the shard's WAL: durable on return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from qdrant_edge import (
+    CountRequest,
+    Distance,
+    EdgeConfig,
+    EdgeShard,
+    EdgeSparseVectorParams,
+    EdgeVectorParams,
+    FieldCondition,
+    Filter,
+    Fusion,
+    HasIdCondition,
+    IsEmptyCondition,
+    MatchValue,
+    Modifier,
+    PayloadSchemaType,
+    Point,
+    Prefetch,
+    Query,
+    QueryRequest,
+    RangeFloat,
+    SparseVector,
+    UpdateOperation,
+)
+
+from memstream.errors import PermanentInfraError
+from memstream.projections.memory_index.layout import (
+    DENSE,
+    FLOAT_FIELDS,
+    INTEGER_FIELDS,
+    KEYWORD_FIELDS,
+    SPARSE,
+    PointIdentity,
+    RecallScope,
+    identity_from_payload,
+)
+from memstream.projections.memory_index.port import RRF_K, IndexPoint, SparseVec
+
+
+def scope_filter(scope: RecallScope) -> Filter:
+    """account AND agent AND (shared OR private owned by the user) AND not expired [AND category]."""
+    visible: list[Any] = [Filter(must=[FieldCondition("visibility", match=MatchValue("shared"))])]
+    if scope.user_id:
+        visible.append(
+            Filter(
+                must=[
+                    FieldCondition("visibility", match=MatchValue("private")),
+                    FieldCondition("owner", match=MatchValue(scope.user_id)),
+                ]
+            )
+        )
+    must: list[Any] = [
+        FieldCondition("account_id", match=MatchValue(scope.account_id)),
+        FieldCondition("agent_id", match=MatchValue(scope.agent_id)),
+        Filter(should=visible),
+        Filter(
+            should=[
+                IsEmptyCondition("expires_at"),
+                FieldCondition("expires_at", range=RangeFloat(gt=scope.now_epoch)),
+            ]
+        ),
+    ]
+    if scope.category:
+        must.append(FieldCondition("category", match=MatchValue(scope.category)))
+    return Filter(must=must)
+
+
+class EdgeIndex:
+    """:class:`~memstream.projections.memory_index.port.IndexBackend` on qdrant-edge."""
+
+    def __init__(self, base_dir: Path | str) -> None:
+        self._base = Path(base_dir)
+        self._shards: dict[str, EdgeShard] = {}
+        self._dims: dict[str, int] = {}
+        self._open_lock = threading.Lock()
+
+    # --- shards ----------------------------------------------------------------------------
+    def _path(self, name: str) -> Path:
+        return self._base / name
+
+    def _open(self, name: str, dimensions: int | None) -> EdgeShard | None:
+        with self._open_lock:
+            shard = self._shards.get(name)
+            if shard is not None:
+                if dimensions is not None and self._dims.get(name) != dimensions:
+                    raise PermanentInfraError(
+                        f"collection {name} has {self._dims.get(name)}-d vectors, "
+                        f"embedder gives {dimensions}: rebuild the index (memstream replay)"
+                    )
+                return shard
+            path = self._path(name)
+            if path.exists() and any(path.iterdir()):
+                shard = EdgeShard.load(str(path))
+                cfg_size = self._stored_size(shard)
+            elif dimensions is None:
+                return None
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+                shard = EdgeShard.create(
+                    str(path),
+                    EdgeConfig(
+                        vectors={
+                            DENSE: EdgeVectorParams(size=dimensions, distance=Distance.Cosine)
+                        },
+                        sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+                    ),
+                )
+                for f in KEYWORD_FIELDS:
+                    shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Keyword))
+                for f in FLOAT_FIELDS:
+                    shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Float))
+                for f in INTEGER_FIELDS:
+                    shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Integer))
+                cfg_size = dimensions
+            if dimensions is not None and cfg_size is not None and cfg_size != dimensions:
+                shard.close()
+                raise PermanentInfraError(
+                    f"collection {name} has {cfg_size}-d vectors, embedder gives {dimensions}: "
+                    "rebuild the index (memstream replay)"
+                )
+            self._shards[name] = shard
+            if cfg_size is not None:
+                self._dims[name] = cfg_size
+            return shard
+
+    @staticmethod
+    def _stored_size(shard: EdgeShard) -> int | None:
+        # The persisted config is not exposed; read one vector's length when there is one.
+        records, _ = shard.scroll(_scroll(limit=1, with_vector=[DENSE]))
+        for r in records:
+            vec = r.vector
+            dense = vec.get(DENSE) if isinstance(vec, dict) else None
+            if isinstance(dense, list):
+                return len(dense)
+        return None
+
+    async def ensure_collection(self, name: str, dimensions: int) -> None:
+        await asyncio.to_thread(self._open, name, dimensions)
+
+    # --- writes ----------------------------------------------------------------------------
+    def _upsert_blocking(self, name: str, points: list[IndexPoint]) -> None:
+        shard = self._open(name, len(points[0].dense))
+        assert shard is not None
+        by_version: dict[int, list[IndexPoint]] = {}
+        for p in points:
+            by_version.setdefault(p.version, []).append(p)
+        for version, group in by_version.items():
+            shard.update(
+                UpdateOperation.upsert_points(
+                    [
+                        Point(
+                            p.point_id,
+                            {
+                                DENSE: p.dense,
+                                SPARSE: SparseVector(p.sparse.indices, p.sparse.values),
+                            },
+                            p.payload,
+                        )
+                        for p in group
+                    ],
+                    # Applied to an existing point only if it matches: stored version older.
+                    condition=Filter(
+                        must=[FieldCondition("version", range=RangeFloat(lt=float(version)))]
+                    ),
+                )
+            )
+
+    async def upsert(self, name: str, points: list[IndexPoint]) -> None:
+        if points:
+            await asyncio.to_thread(self._upsert_blocking, name, points)
+
+    def _delete_blocking(self, name: str, deletes: list[tuple[str, int]]) -> None:
+        shard = self._open(name, None)
+        if shard is None:
+            return
+        for pid, version in deletes:
+            shard.update(
+                UpdateOperation.delete_points_by_filter(
+                    Filter(
+                        must=[
+                            HasIdCondition({pid}),
+                            FieldCondition("version", range=RangeFloat(lte=float(version))),
+                        ]
+                    )
+                )
+            )
+
+    async def delete(self, name: str, deletes: list[tuple[str, int]]) -> None:
+        if deletes:
+            await asyncio.to_thread(self._delete_blocking, name, deletes)
+
+    # --- reads -----------------------------------------------------------------------------
+    def _query_blocking(
+        self,
+        name: str,
+        dense: list[float],
+        sparse: SparseVec,
+        scope: RecallScope,
+        limit: int,
+        prefetch_limit: int,
+    ) -> list[tuple[PointIdentity, float]]:
+        shard = self._open(name, None)
+        if shard is None:
+            return []
+        flt = scope_filter(scope)
+        prefetches = [
+            Prefetch(limit=prefetch_limit, query=Query.Nearest(dense, using=DENSE), filter=flt)
+        ]
+        if sparse.indices:
+            prefetches.append(
+                Prefetch(
+                    limit=prefetch_limit,
+                    query=Query.Nearest(SparseVector(sparse.indices, sparse.values), using=SPARSE),
+                    filter=flt,
+                )
+            )
+        hits = shard.query(
+            QueryRequest(
+                limit=limit,
+                prefetches=prefetches,
+                query=Fusion.Rrf(k=RRF_K),  # type: ignore[arg-type]  # stub lists Fusion, not Rrf
+                filter=flt,
+                with_payload=True,
+            )
+        )
+        return [(identity_from_payload(h.payload or {}), float(h.score)) for h in hits]
+
+    async def hybrid_query(
+        self,
+        name: str,
+        dense: list[float],
+        sparse: SparseVec,
+        scope: RecallScope,
+        limit: int,
+        prefetch_limit: int,
+    ) -> list[tuple[PointIdentity, float]]:
+        return await asyncio.to_thread(
+            self._query_blocking, name, dense, sparse, scope, limit, prefetch_limit
+        )
+
+    def _versions_blocking(self, name: str, point_ids: list[str]) -> dict[str, int]:
+        shard = self._open(name, None)
+        if shard is None or not point_ids:
+            return {}
+        recs = shard.retrieve(list(point_ids), True, False)
+        return {str(r.id): int((r.payload or {}).get("version", 0)) for r in recs}
+
+    async def versions(self, name: str, point_ids: list[str]) -> dict[str, int]:
+        return await asyncio.to_thread(self._versions_blocking, name, point_ids)
+
+    def _count_blocking(self, name: str) -> int:
+        shard = self._open(name, None)
+        return 0 if shard is None else int(shard.count(CountRequest(exact=True)))
+
+    async def count(self, name: str) -> int:
+        return await asyncio.to_thread(self._count_blocking, name)
+
+    def _drop_blocking(self, name: str) -> None:
+        import shutil
+
+        with self._open_lock:
+            shard = self._shards.pop(name, None)
+            self._dims.pop(name, None)
+            if shard is not None:
+                shard.close()
+            shutil.rmtree(self._path(name), ignore_errors=True)
+
+    async def drop_collection(self, name: str) -> None:
+        await asyncio.to_thread(self._drop_blocking, name)
+
+    def optimize(self, name: str) -> None:
+        """Build HNSW for a collection (blocking, can take minutes at high dimensions):
+        for benches and maintenance, never on the hot path."""
+        shard = self._open(name, None)
+        if shard is not None:
+            shard.optimize()
+
+    def _close_blocking(self) -> None:
+        with self._open_lock:
+            for shard in self._shards.values():
+                shard.flush()
+                shard.close()
+            self._shards.clear()
+            self._dims.clear()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._close_blocking)
+
+
+def _scroll(*, limit: int, with_vector: list[str]) -> Any:
+    from qdrant_edge import ScrollRequest
+
+    return ScrollRequest(limit=limit, with_payload=False, with_vector=with_vector)

@@ -1,0 +1,136 @@
+"""The memory index: embeds entries and queries, and drives an :class:`IndexBackend`.
+
+Two users:
+
+- the memory projector calls :meth:`MemoryIndex.apply` with the operations of a batch of
+  ``memory`` events (see ``rules.py``): upserts are embedded in one embedder call (through the
+  cache), then written; deletes are written as they come. Runs keep event order.
+- the recall service calls :meth:`MemoryIndex.query` (its ``MemoryIndexPort``): one hybrid
+  query, returning ``(identity, fused score)`` best first. Postgres stays the authority: the
+  caller re-applies visibility and expiry to the rows it fetches.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+
+from qdrant_edge import Bm25
+
+from memstream.infra.embeddings import Embedder
+from memstream.projections.memory_index.layout import (
+    PointIdentity,
+    RecallScope,
+    collection_name,
+    document_text,
+    payload_of,
+)
+from memstream.projections.memory_index.port import IndexBackend, IndexPoint, SparseVec
+from memstream.projections.memory_index.rules import Delete, IndexOp, Upsert, runs
+from memstream.schemas.limits import RECALL_MAX_LIMIT
+
+
+class MemoryIndex:
+    """Hybrid (dense + BM25) index of memory entries, one collection per (account, environment).
+
+    Guarantees: applying the same operations again (redelivery, replay) leaves the same
+    points; an operation older than the stored point is a no-op; ``query`` never returns
+    entries of another account or agent, another user's private entries, or entries expired
+    at ``now``.
+    """
+
+    def __init__(
+        self,
+        backend: IndexBackend,
+        embedder: Embedder,
+        *,
+        environment: str,
+        prefetch_limit: int = 100,
+    ) -> None:
+        self.backend = backend
+        self.embedder = embedder
+        self.environment = environment
+        self._prefetch = prefetch_limit
+        self._bm25 = Bm25()
+
+    def collection(self, account_id: str) -> str:
+        return collection_name(account_id, self.environment)
+
+    def _sparse_doc(self, text: str) -> SparseVec:
+        v = self._bm25.embed_document(text)
+        return SparseVec(list(v.indices), list(v.values))
+
+    def _sparse_query(self, text: str) -> SparseVec:
+        v = self._bm25.embed_query(text)
+        return SparseVec(list(v.indices), list(v.values))
+
+    async def apply(self, ops: list[IndexOp]) -> int:
+        """Apply operations in order; returns the number of points written or deleted
+        (before the version rule, which Qdrant applies)."""
+        done = 0
+        for run in runs(ops):
+            if run and isinstance(run[0], Upsert):
+                done += await self._upsert([op for op in run if isinstance(op, Upsert)])
+            else:
+                done += await self._delete([op for op in run if isinstance(op, Delete)])
+        return done
+
+    async def _upsert(self, ups: list[Upsert]) -> int:
+        vectors = await self.embedder.embed([document_text(u.entry) for u in ups])
+        by_coll: dict[str, list[IndexPoint]] = defaultdict(list)
+        for u, dense in zip(ups, vectors, strict=True):
+            by_coll[self.collection(u.entry.account_id)].append(
+                IndexPoint(
+                    point_id=u.point_id,
+                    dense=dense,
+                    sparse=self._sparse_doc(document_text(u.entry)),
+                    payload=payload_of(u.entry),
+                    version=u.version,
+                )
+            )
+        for name, points in by_coll.items():
+            await self.backend.ensure_collection(name, self.embedder.dimensions)
+            await self.backend.upsert(name, points)
+        return len(ups)
+
+    async def _delete(self, dels: list[Delete]) -> int:
+        by_coll: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for d in dels:
+            by_coll[self.collection(d.identity.account_id)].append((d.point_id, d.version))
+        for name, items in by_coll.items():
+            await self.backend.delete(name, items)
+        return len(dels)
+
+    async def query(
+        self,
+        account_id: str,
+        agent_id: str,
+        user_id: str | None,
+        query_text: str,
+        limit: int,
+        category: str | None,
+        now: datetime,
+    ) -> list[tuple[PointIdentity, float]]:
+        """Ranked ``(identity, RRF score)`` of entries visible to the caller, best first."""
+        if not query_text.strip():
+            return []
+        limit = max(1, min(limit, RECALL_MAX_LIMIT))
+        (dense,) = await self.embedder.embed_query([query_text])
+        scope = RecallScope(
+            account_id=account_id,
+            agent_id=agent_id,
+            user_id=user_id,
+            now_epoch=now.timestamp(),
+            category=category,
+        )
+        return await self.backend.hybrid_query(
+            self.collection(account_id),
+            dense,
+            self._sparse_query(query_text),
+            scope,
+            limit,
+            max(self._prefetch, limit),
+        )
+
+    async def close(self) -> None:
+        await self.backend.close()
