@@ -8,5 +8,7 @@ ClickHouse or SlateDB.
 pytest_plugins = [
     "tests.fixtures.stores",  # embedded Postgres and Valkey (Redis)
     "tests.fixtures.kafka",  # Apache Kafka (and Tansu for the smoke subset)
+    "tests.fixtures.api",  # the FastAPI app over real stores, through httpx
     "tests.fixtures.journal",  # SlateDB journal on a fresh local folder
+    "tests.fixtures.clickhouse",  # chdb (embedded ClickHouse), one engine per session
 ]

@@ -80,6 +80,19 @@ class Settings(BaseSettings):
     consumer_heartbeat_interval_s: float = 0.5
     read_your_writes_timeout_s: float = 5.0
 
+    # --- thread memory (summaries) -----------------------------------------------------------
+    summary_token_budget: int = Field(default=512, ge=16, description="Max tokens of a summary.")
+    summary_lock_ttl_s: float = Field(
+        default=120.0, gt=0, description="Summarization lock expiry (a crashed holder's lock)."
+    )
+    summary_guard_ttl_s: int = Field(
+        default=600, ge=1, description="Flush-and-summarize guard expiry (re-request after)."
+    )
+    counter_claim_ttl_s: int = Field(
+        default=7 * 24 * 3600, ge=1, description="Per-message side-effect claim lifetime."
+    )
+    flush_timeout_s: float = Field(default=30.0, gt=0, description="Pre-compaction flush limit.")
+
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser().resolve()
 

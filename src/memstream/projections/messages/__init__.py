@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from memstream.infra.settings import Settings
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.clickhouse_engine import ClickHouseConnectEngine
 from memstream.projections.messages.engine import ClickHouseEngine
@@ -35,11 +38,19 @@ __all__ = [
     "query_words",
     "row_of_envelope",
     "row_of_message",
+    "store_from_settings",
 ]
 
 
-def build_engine(clickhouse_url: str, chdb_path: str) -> ClickHouseEngine:
+def build_engine(clickhouse_url: str, chdb_path: str | Path) -> ClickHouseEngine:
     """The server adapter when a URL is configured, else embedded chdb at ``chdb_path``."""
     if clickhouse_url:
         return ClickHouseConnectEngine(clickhouse_url)
     return ChdbEngine(chdb_path)
+
+
+def store_from_settings(settings: Settings) -> MessageStore:
+    """The message store the settings ask for: ``clickhouse_url`` or chdb under
+    ``<data_dir>/clickhouse`` (one process per directory: chdb locks it)."""
+    engine = build_engine(settings.clickhouse_url, settings.resolved_data_dir() / "clickhouse")
+    return MessageStore(engine, settings.clickhouse_database)
