@@ -1,0 +1,48 @@
+"""Redis key layout for per-thread coordination and derived state.
+
+Every key of a thread carries the hash tag ``{account/agent/thread}`` (``ThreadRef.key``), so
+in a Redis Cluster a thread's cached summary, lock, counters, guard, watermark and claims all
+live on one slot (Lua scripts touching several of them stay legal). Everything here is
+derived or coordination state: wiping Redis never changes what the model sees.
+"""
+
+from __future__ import annotations
+
+from memstream.schemas.records import ThreadRef
+
+PREFIX = "ms"
+
+
+def _k(ref: ThreadRef, name: str) -> str:
+    return f"{PREFIX}:{{{ref.key}}}:{name}"
+
+
+def summary_cache(ref: ThreadRef) -> str:
+    """The cached summary JSON (one hour)."""
+    return _k(ref, "summary")
+
+
+def summary_lock(ref: ThreadRef) -> str:
+    """The summarization lock (with expiry)."""
+    return _k(ref, "sumlock")
+
+
+def counters(ref: ThreadRef) -> str:
+    """Hash with the two threshold counters: ``tokens`` and ``messages`` since the summary."""
+    return _k(ref, "counters")
+
+
+def guard(ref: ThreadRef) -> str:
+    """The flush-and-summarize guard: holds the span end of the outstanding request."""
+    return _k(ref, "sumguard")
+
+
+def watermark(ref: ThreadRef) -> str:
+    """The last offset covered by a written summary (-1: none). Messages at or below it are
+    already summarized and never counted again (replays)."""
+    return _k(ref, "summarized")
+
+
+def message_claim(ref: ThreadRef, offset: int) -> str:
+    """Per-message side-effect claim of the counters processor."""
+    return _k(ref, f"counted:{offset}")

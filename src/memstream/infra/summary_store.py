@@ -1,0 +1,220 @@
+"""The summary store: ``summary.json`` in object storage, cached in Redis for one hour.
+
+Layout (``obstore``: a local folder ``<data_dir>/objects`` by default, or the
+``object_store_url`` such as ``s3://bucket/prefix``)::
+
+    accounts/{account_id}/agents/{agent_id}/threads/{thread_id}/summary.json      latest
+    accounts/{account_id}/agents/{agent_id}/threads/{thread_id}/summary.v{N}.json  version N
+
+Optimistic versioning. A local object store cannot overwrite conditionally (INFRA.md), so a
+writer **claims** version N by creating the immutable ``summary.vN.json`` with
+``mode="create"``: exactly one writer can create it, the loser gets
+:class:`~memstream.errors.Conflict`. Only then is ``summary.json`` overwritten. The same code
+runs on S3 (which supports create-if-absent too).
+
+Guarantees:
+
+- Each version is written by exactly one writer; versions are dense (writing N requires
+  N-1 to exist), so a race yields 1, 2, 3... with no gap and no duplicate.
+- Reads never go backwards: :meth:`SummaryStore.get` takes ``summary.json`` and then looks for
+  newer claimed versions (a writer may have claimed N+1 and not yet updated ``summary.json``);
+  a writer that finds a newer version after updating ``summary.json`` rewrites it with the
+  newest, so ``summary.json`` converges on the newest version.
+- The Redis cache (``SUMMARY_CACHE_TTL_SECONDS``) is refilled on a miss and only ever moves
+  forward (a Lua compare on ``version``). Wiping Redis changes nothing that is read back.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Final, cast
+from urllib.parse import quote
+
+import obstore
+import orjson
+import redis.asyncio as aioredis
+from obstore.exceptions import AlreadyExistsError, NotFoundError
+from obstore.store import LocalStore, ObjectStore, from_url
+from redis.exceptions import RedisError
+
+from memstream.errors import Conflict, InvalidRequest, RetryableInfraError
+from memstream.infra import redis_keys
+from memstream.infra.settings import Settings
+from memstream.schemas.limits import SUMMARY_CACHE_TTL_SECONDS
+from memstream.schemas.records import Summary, ThreadRef
+
+log = logging.getLogger(__name__)
+
+# Set the cached summary only if the key is absent or holds an older version.
+_CACHE_IF_NEWER: Final = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, doc = pcall(cjson.decode, cur)
+  if ok and type(doc) == 'table' and tonumber(doc['version']) and
+     tonumber(doc['version']) >= tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+"""
+
+
+def open_object_store(settings: Settings) -> ObjectStore:
+    """The object store for summaries: ``object_store_url`` or ``<data_dir>/objects``."""
+    url = settings.object_store_url.strip()
+    if not url:
+        folder = Path(settings.resolved_data_dir()) / "objects"
+        folder.mkdir(parents=True, exist_ok=True)
+        return LocalStore(prefix=folder, mkdir=True)
+    try:
+        return from_url(url)
+    except Exception as e:  # obstore raises several types for a bad URL
+        raise InvalidRequest(f"bad object_store_url: {e}", field="object_store_url") from e
+
+
+def thread_folder(ref: ThreadRef) -> str:
+    """``accounts/{a}/agents/{g}/threads/{t}`` (ids percent-encoded if they hold ``/``)."""
+
+    def q(s: str) -> str:
+        return quote(s, safe="")
+
+    return f"accounts/{q(ref.account_id)}/agents/{q(ref.agent_id)}/threads/{q(ref.thread_id)}"
+
+
+def summary_path(ref: ThreadRef) -> str:
+    return f"{thread_folder(ref)}/summary.json"
+
+
+def version_path(ref: ThreadRef, version: int) -> str:
+    return f"{thread_folder(ref)}/summary.v{version}.json"
+
+
+def _encode(summary: Summary) -> bytes:
+    return orjson.dumps(summary.to_dict())
+
+
+def _decode(raw: bytes) -> Summary:
+    return Summary.from_dict(orjson.loads(raw))
+
+
+class SummaryStore:
+    """Thread summaries: object storage (authoritative) with a Redis read cache."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        redis: aioredis.Redis,
+        *,
+        cache_ttl_s: int = SUMMARY_CACHE_TTL_SECONDS,
+    ) -> None:
+        self._store = store
+        self._redis = redis
+        self._ttl = cache_ttl_s
+        self._cache_if_newer = redis.register_script(_CACHE_IF_NEWER)
+
+    # --- reads ---------------------------------------------------------------------------------
+    async def get(self, ref: ThreadRef) -> Summary | None:
+        """The thread's summary: Redis if cached, else object storage (and refill the cache)."""
+        try:
+            raw = await self._redis.get(redis_keys.summary_cache(ref))
+        except RedisError as e:
+            log.warning("summary cache read failed for %s, reading storage: %s", ref.key, e)
+            raw = None
+        if raw is not None:
+            try:
+                return _decode(cast(bytes, raw))
+            except Exception:  # a corrupt cache entry is only a miss
+                log.warning("ignoring an unreadable cached summary for %s", ref.key)
+        summary = await self.get_stored(ref)
+        if summary is not None:
+            await self.cache(ref, summary)
+        return summary
+
+    async def get_stored(self, ref: ThreadRef) -> Summary | None:
+        """The newest summary in object storage (bypasses the cache)."""
+        latest = await self._read(summary_path(ref))
+        version = latest.version if latest is not None else 0
+        newest = latest
+        while True:  # a claimed version may be newer than summary.json
+            nxt = await self._read(version_path(ref, version + 1))
+            if nxt is None:
+                return newest
+            newest, version = nxt, nxt.version
+
+    async def get_version(self, ref: ThreadRef, version: int) -> Summary | None:
+        """One immutable version, or None."""
+        return await self._read(version_path(ref, version))
+
+    async def _read(self, path: str) -> Summary | None:
+        try:
+            result = await obstore.get_async(self._store, path)
+            raw = await result.bytes_async()
+        except NotFoundError:
+            return None
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            raise RetryableInfraError(f"object store read of {path} failed: {e}") from e
+        return _decode(bytes(raw))
+
+    # --- writes --------------------------------------------------------------------------------
+    async def write(self, ref: ThreadRef, summary: Summary, expected_previous_version: int) -> None:
+        """Write ``summary`` as version ``expected_previous_version + 1``.
+
+        Raises :class:`Conflict` if another writer already claimed that version (re-read and
+        decide again), or if ``expected_previous_version`` does not exist.
+        """
+        if summary.version != expected_previous_version + 1:
+            raise InvalidRequest(
+                f"version must be {expected_previous_version + 1}", field="version"
+            )
+        if (
+            expected_previous_version > 0
+            and await self.get_version(ref, expected_previous_version) is None
+        ):
+            raise Conflict(f"summary version {expected_previous_version} does not exist")
+        body = _encode(summary)
+        try:
+            await obstore.put_async(
+                self._store, version_path(ref, summary.version), body, mode="create"
+            )
+        except AlreadyExistsError:
+            raise Conflict(
+                f"summary version {summary.version} of {ref.key} was written by another writer"
+            ) from None
+        except FileExistsError:
+            raise Conflict(
+                f"summary version {summary.version} of {ref.key} was written by another writer"
+            ) from None
+        except Exception as e:
+            raise RetryableInfraError(f"object store write failed: {e}") from e
+        await self._publish_latest(ref, summary, body)
+        await self.cache(ref, summary)
+
+    async def _publish_latest(self, ref: ThreadRef, summary: Summary, body: bytes) -> None:
+        """Overwrite summary.json; if a newer version was claimed meanwhile, converge on it."""
+        current, current_body = summary, body
+        while True:
+            try:
+                await obstore.put_async(self._store, summary_path(ref), current_body)
+            except Exception as e:
+                raise RetryableInfraError(f"object store write failed: {e}") from e
+            newer = await self.get_version(ref, current.version + 1)
+            if newer is None:
+                return
+            newest = newer
+            while (n := await self.get_version(ref, newest.version + 1)) is not None:
+                newest = n
+            current, current_body = newest, _encode(newest)
+
+    async def cache(self, ref: ThreadRef, summary: Summary) -> None:
+        """Cache ``summary`` for the TTL unless a newer version is cached (best effort)."""
+        try:
+            await self._cache_if_newer(
+                keys=[redis_keys.summary_cache(ref)],
+                args=[_encode(summary), summary.version, self._ttl],
+            )
+        except RedisError as e:
+            log.warning("summary cache write failed for %s: %s", ref.key, e)

@@ -1,0 +1,195 @@
+"""Redis adapter for a thread's coordination state: threshold counters, per-message claims,
+the flush-and-summarize guard, the summarized-offset watermark, and the summarization lock.
+
+Every multi-key change is one Lua script on keys sharing the thread's hash tag (see
+:mod:`memstream.infra.redis_keys`), so it is atomic and Redis-Cluster safe.
+
+Guarantees:
+
+- :meth:`ThreadState.count_message` claims the message and increments both counters in one
+  step: a redelivered or replayed message is never counted twice, and a message at or below
+  the watermark (already folded into a summary) is never counted at all.
+- :meth:`ThreadState.apply_summary` subtracts a summarized span from the counters, raises the
+  watermark and clears the guard in one step, at most once per summarized offset.
+- The lock is released only by its holder (token compare) and expires on its own, so a
+  crashed holder blocks a thread for at most the lock TTL.
+
+Redis failures surface as :class:`~memstream.errors.RetryableInfraError`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final, Literal, TypeVar, cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from memstream.errors import RetryableInfraError
+from memstream.infra import redis_keys
+from memstream.schemas.records import ThreadRef
+
+T = TypeVar("T")
+
+_COUNT: Final = """
+local wm = redis.call('GET', KEYS[3])
+if not wm then return {-2, 0, 0, -1} end
+wm = tonumber(wm)
+local c = redis.call('HMGET', KEYS[1], 'tokens', 'messages')
+local t, m = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+if tonumber(ARGV[1]) <= wm then return {-1, t, m, wm} end
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return {0, t, m, wm} end
+t = redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[2])
+m = redis.call('HINCRBY', KEYS[1], 'messages', 1)
+return {1, t, m, wm}
+"""
+
+_CLAIM_GUARD: Final = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 2 end
+return 0
+"""
+
+_APPLY_SUMMARY: Final = """
+local last = tonumber(ARGV[1])
+local wm = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local g = redis.call('GET', KEYS[3])
+if g and tonumber(g) <= last then redis.call('DEL', KEYS[3]) end
+if wm >= last then return 0 end
+redis.call('SET', KEYS[2], last, 'EX', ARGV[4])
+local c = redis.call('HMGET', KEYS[1], 'tokens', 'messages')
+local t = math.max(0, (tonumber(c[1]) or 0) - tonumber(ARGV[2]))
+local m = math.max(0, (tonumber(c[2]) or 0) - tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'tokens', t, 'messages', m)
+return 1
+"""
+
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+#: How long the watermark is kept; on expiry it is reloaded from the summary store.
+WATERMARK_TTL_S: Final = 7 * 24 * 3600
+
+CountStatus = Literal["counted", "duplicate", "summarized", "no_watermark"]
+_STATUS: Final[dict[int, CountStatus]] = {
+    1: "counted",
+    0: "duplicate",
+    -1: "summarized",
+    -2: "no_watermark",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CountResult:
+    """Outcome of counting one message: the two counters after this step, and the watermark
+    (last summarized offset, -1 for none)."""
+
+    status: CountStatus
+    tokens: int
+    messages: int
+    watermark: int
+
+
+async def _call(fn: Callable[[], Awaitable[T]], doing: str) -> T:
+    try:
+        return await fn()
+    except RedisError as e:
+        raise RetryableInfraError(f"redis failed while {doing}: {e}") from e
+
+
+class ThreadState:
+    """The Redis half of thread memory (counters processor and summarizer share it)."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._count = redis.register_script(_COUNT)
+        self._claim_guard = redis.register_script(_CLAIM_GUARD)
+        self._apply = redis.register_script(_APPLY_SUMMARY)
+        self._release = redis.register_script(_RELEASE)
+
+    # --- counters ------------------------------------------------------------------------------
+    async def count_message(
+        self, ref: ThreadRef, offset: int, tokens: int, claim_ttl_s: int
+    ) -> CountResult:
+        """Claim message ``offset`` and add it to the counters, atomically."""
+        raw = await _call(
+            lambda: self._count(
+                keys=[
+                    redis_keys.counters(ref),
+                    redis_keys.message_claim(ref, offset),
+                    redis_keys.watermark(ref),
+                ],
+                args=[offset, max(0, tokens), claim_ttl_s],
+            ),
+            "counting a message",
+        )
+        status, t, m, wm = (int(x) for x in cast(list[int], raw))
+        return CountResult(_STATUS[status], t, m, wm)
+
+    async def counters(self, ref: ThreadRef) -> tuple[int, int]:
+        """``(tokens, messages)`` since the last summary."""
+        raw = await _call(
+            lambda: self._redis.hmget(redis_keys.counters(ref), ["tokens", "messages"]),
+            "reading counters",
+        )
+        vals = cast(list[bytes | None], raw)
+        return int(vals[0] or 0), int(vals[1] or 0)
+
+    async def init_watermark(self, ref: ThreadRef, last_summarized_offset: int) -> None:
+        """Set the watermark if absent (loaded from the summary store after a Redis wipe)."""
+        await _call(
+            lambda: self._redis.set(
+                redis_keys.watermark(ref), last_summarized_offset, nx=True, ex=WATERMARK_TTL_S
+            ),
+            "setting the watermark",
+        )
+
+    async def claim_guard(self, ref: ThreadRef, up_to_offset: int, ttl_s: int) -> bool:
+        """Take the flush-and-summarize guard for the span ending at ``up_to_offset``.
+
+        True if taken now, or already held for this very offset (a redelivered crossing
+        message re-publishes its idempotent request); False if another span holds it.
+        """
+        res = await _call(
+            lambda: self._claim_guard(keys=[redis_keys.guard(ref)], args=[up_to_offset, ttl_s]),
+            "taking the summary guard",
+        )
+        return int(cast(int, res)) > 0
+
+    async def apply_summary(
+        self, ref: ThreadRef, last_offset: int, tokens: int, messages: int
+    ) -> bool:
+        """Subtract a summarized span, raise the watermark, clear the guard. False if this
+        offset was already applied (then only the guard is cleared)."""
+        res = await _call(
+            lambda: self._apply(
+                keys=[redis_keys.counters(ref), redis_keys.watermark(ref), redis_keys.guard(ref)],
+                args=[last_offset, max(0, tokens), max(0, messages), WATERMARK_TTL_S],
+            ),
+            "resetting counters",
+        )
+        return int(cast(int, res)) == 1
+
+    # --- lock ----------------------------------------------------------------------------------
+    async def try_lock(self, ref: ThreadRef, ttl_s: float) -> str | None:
+        """Take the summarization lock; its token, or None if someone else holds it."""
+        token = secrets.token_hex(8)
+        ok = await _call(
+            lambda: self._redis.set(
+                redis_keys.summary_lock(ref), token, nx=True, px=max(1, int(ttl_s * 1000))
+            ),
+            "taking the summary lock",
+        )
+        return token if ok else None
+
+    async def unlock(self, ref: ThreadRef, token: str) -> bool:
+        """Release the lock if ``token`` still holds it."""
+        res = await _call(
+            lambda: self._release(keys=[redis_keys.summary_lock(ref)], args=[token]),
+            "releasing the summary lock",
+        )
+        return int(cast(int, res)) == 1
