@@ -1,0 +1,162 @@
+"""Bench: durable appends/s through ``Journal.append`` vs the raw SlateDB ceiling.
+
+Prints, for a local-folder SlateDB with ``flush_interval`` 5 ms:
+
+- durable appends/s through ``Journal.append`` (one message each, ~200 B of content) at
+  concurrency 1, 16 and 64, with the writer's eager WAL flush on (default) and off;
+- the raw ceiling: batches of the same puts (message + sequence record per append) written
+  straight to SlateDB with one durable wait per batch (batch size 64), with and without an
+  explicit WAL flush per batch; and the ratio journal/raw at concurrency 64;
+- single-append latency p50/p99 (one writer, one append at a time).
+
+Run: ``python bench/journal_append.py [--appends N]``. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from slatedb.uniffi import DbBuilder, FlushOptions, FlushType, Settings, WriteBatch
+
+from memstream.clock import SystemClock, epoch_ms
+from memstream.infra.journal import Journal, keys, local_store
+from memstream.infra.journal.codec import encode_message
+from memstream.schemas.events import encode, message_appended
+from memstream.schemas.records import Message, NewMessage, ThreadRef
+
+CONTENT = "The quick brown fox jumps over the lazy dog. " * 4  # ~180 chars
+FLUSH_MS = 5
+
+
+async def journal_rate(root: Path, concurrency: int, total: int, eager: bool) -> tuple[float, int]:
+    """Durable appends/s and batches used, ``total`` appends spread over ``concurrency`` tasks."""
+    j = await Journal.open(
+        local_store(root / f"j-{concurrency}-{eager}"),
+        "j",
+        flush_interval_ms=FLUSH_MS,
+        eager_flush=eager,
+    )
+    msg = [NewMessage(role="user", content=CONTENT)]
+    per_task = max(1, total // concurrency)
+
+    async def worker(w: int) -> None:
+        ref = ThreadRef("acct", "agent", f"t{w % 10}")
+        for _ in range(per_task):
+            await j.append(ref, msg)
+
+    await j.append(ThreadRef("acct", "agent", "warm"), msg)
+    before = j.stats.batches
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    dt = time.perf_counter() - t0
+    batches = j.stats.batches - before
+    await j.close()
+    return per_task * concurrency / dt, batches
+
+
+async def raw_rate(root: Path, batch: int, total: int, eager: bool) -> float:
+    """Appends/s writing the same records straight to SlateDB, one durable wait per batch."""
+    settings = Settings.default()
+    settings.set("flush_interval", f'"{FLUSH_MS}ms"')
+    builder = DbBuilder("raw", local_store(root / f"raw-{batch}-{eager}"))
+    builder.with_settings(settings)
+    db = await builder.build()
+    now = SystemClock().now()
+    ref = ThreadRef("acct", "agent", "t")
+    seq = 0
+    t0 = time.perf_counter()
+    for _ in range(max(1, total // batch)):
+        wb = WriteBatch()
+        for _ in range(batch):
+            seq += 1
+            m = Message(
+                account_id="acct",
+                agent_id="agent",
+                thread_id="t",
+                offset=seq - 1,
+                message_id=keys.message_id(epoch_ms(now), seq),
+                role="user",
+                content=CONTENT,
+                created_at=now,
+                token_count=40,
+                seq=seq,
+            )
+            wb.put(keys.message_key(ref, m.offset), encode_message(m))
+            wb.put(keys.seq_key(seq), encode(message_appended(m, epoch_ms(now))))
+        h = await db.write(wb)
+        if eager:
+            await db.flush_with_options(FlushOptions(flush_type=FlushType.WAL))
+        await h.await_durable()
+    dt = time.perf_counter() - t0
+    await db.shutdown()
+    return seq / dt
+
+
+async def latency(root: Path, n: int, eager: bool) -> tuple[float, float]:
+    j = await Journal.open(
+        local_store(root / f"lat-{eager}"), "j", flush_interval_ms=FLUSH_MS, eager_flush=eager
+    )
+    ref = ThreadRef("acct", "agent", "lat")
+    msg = [NewMessage(role="user", content=CONTENT)]
+    await j.append(ref, msg)
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await j.append(ref, msg)
+        samples.append((time.perf_counter() - t0) * 1000)
+    await j.close()
+    q = statistics.quantiles(samples, n=100)
+    return statistics.median(samples), q[98]
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--appends", type=int, default=6400, help="appends per concurrency level")
+    ap.add_argument("--latency-samples", type=int, default=300)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-journal-") as tmp:
+        root = Path(tmp)
+        print(
+            f"SlateDB on a local folder, flush_interval {FLUSH_MS} ms, ~{len(CONTENT)}-char messages"
+        )
+        print()
+        print(f"{'mode':<26}{'conc':>6}{'appends/s':>12}{'batches':>9}{'appends/batch':>15}")
+        rates: dict[tuple[bool, int], float] = {}
+        for eager in (True, False):
+            for c in (1, 16, 64):
+                total = args.appends if c > 1 else min(args.appends, 1000 if eager else 200)
+                rate, batches = await journal_rate(root, c, total, eager)
+                rates[(eager, c)] = rate
+                done = max(1, total // c) * c
+                label = "Journal.append, eager" if eager else "Journal.append, tick only"
+                print(f"{label:<26}{c:>6}{rate:>12,.0f}{batches:>9}{done / max(batches, 1):>15.1f}")
+        print()
+        raw = {}
+        for eager in (True, False):
+            raw[eager] = await raw_rate(root, 64, args.appends, eager)
+            label = "raw batch 64, flush+wait" if eager else "raw batch 64, wait only"
+            print(f"{label:<26}{'':>6}{raw[eager]:>12,.0f}")
+        print()
+        best_raw = max(raw.values())
+        for eager in (True, False):
+            print(
+                f"ratio at 64 ({'eager' if eager else 'tick only'}): "
+                f"{rates[(eager, 64)] / raw[eager]:.2f} of raw in the same mode, "
+                f"{rates[(eager, 64)] / best_raw:.2f} of the best raw"
+            )
+        print()
+        for eager in (True, False):
+            p50, p99 = await latency(root, args.latency_samples if eager else 100, eager)
+            print(
+                f"single append latency ({'eager' if eager else 'tick only'}): "
+                f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+            )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
