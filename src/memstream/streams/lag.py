@@ -36,7 +36,15 @@ from memstream.errors import InvalidRequest, RetryableInfraError
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
 
-__all__ = ["LagRow", "LagWatcher", "consumer_lag", "end_offsets", "max_lag", "processor_groups"]
+__all__ = [
+    "LagRow",
+    "LagWatcher",
+    "bootstrap_hosts",
+    "consumer_lag",
+    "end_offsets",
+    "max_lag",
+    "processor_groups",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +80,7 @@ def processor_groups(
     return out
 
 
-def _split(bootstrap: str) -> list[str]:
+def bootstrap_hosts(bootstrap: str) -> list[str]:
     hosts = [h.strip().removeprefix("kafka://") for h in bootstrap.split(",") if h.strip()]
     if not hosts:
         raise InvalidRequest("kafka bootstrap address is empty", field="kafka_bootstrap")
@@ -88,7 +96,7 @@ async def end_offsets(
     ``RetryableInfraError`` if a high-water mark is not reported within ``timeout``.
     """
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=_split(bootstrap),
+        bootstrap_servers=bootstrap_hosts(bootstrap),
         group_id=None,
         enable_auto_commit=False,
         fetch_max_wait_ms=50,
@@ -146,7 +154,7 @@ async def consumer_lag(
     """
     all_topics = [t for ts in groups.values() for t in ts]
     starts, highs = await end_offsets(bootstrap, all_topics, timeout=timeout)
-    admin = AIOKafkaAdminClient(bootstrap_servers=_split(bootstrap))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_hosts(bootstrap))
     await admin.start()
     now = time.time()
     rows: list[LagRow] = []

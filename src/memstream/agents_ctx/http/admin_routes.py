@@ -10,9 +10,9 @@ import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
-from fastapi.responses import ORJSONResponse
 
 from memstream.agents_ctx.http.deps import ServicesDep, services
+from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.http.threads_routes import open_thread, read_json
 from memstream.agents_ctx.validation import check_id, parse_append_body
 from memstream.errors import InvalidRequest, Unauthorized
@@ -25,14 +25,16 @@ async def admin(
     token = services(request).settings.admin_token.get_secret_value()
     given = x_memstream_admin_token or ""
     if not token or not hmac.compare_digest(token.encode(), given.encode()):
-        raise Unauthorized("admin routes need X-Memstream-Admin-Token", field="X-Memstream-Admin-Token")
+        raise Unauthorized(
+            "admin routes need X-Memstream-Admin-Token", field="X-Memstream-Admin-Token"
+        )
 
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(admin)])
 
 
 @router.post("/append")
-async def append(request: Request, svc: ServicesDep) -> ORJSONResponse:
+async def append(request: Request, svc: ServicesDep) -> JSONResponse:
     """``{"account_id", "agent_id", "thread_id", "user_id"?, "messages": [...]}``."""
     body = await read_json(request)
     if not isinstance(body, dict):
@@ -49,6 +51,6 @@ async def append(request: Request, svc: ServicesDep) -> ORJSONResponse:
     await svc.accounts.ensure_agent(ref.account_id, ref.agent_id)
     await open_thread(svc, ref, None)
     appended = await svc.need_journal().append(ref, messages)
-    return ORJSONResponse(
+    return JSONResponse(
         {"appended": [{"offset": m.offset, "message_id": m.message_id} for m in appended]}
     )

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import ORJSONResponse
 
 from memstream import __version__
 from memstream.agents_ctx.http import admin_routes, errors, journal_routes, threads_routes
+from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.services import Services
 from memstream.schemas.limits import MAX_REQUEST_BYTES
 
@@ -23,7 +23,7 @@ def create_app(services: Services) -> FastAPI:
         title="memstream",
         version=__version__,
         description="Memory for LLM agents: thread memory, agent memory, transcript search.",
-        default_response_class=ORJSONResponse,
+        default_response_class=JSONResponse,
     )
     app.state.services = services
     errors.install(app)
@@ -43,10 +43,10 @@ def create_app(services: Services) -> FastAPI:
         return await call_next(request)
 
     @app.get("/healthz")
-    async def healthz() -> ORJSONResponse:
+    async def healthz() -> JSONResponse:
         parts = dict(services.health)
         ok = all(parts.values())
-        return ORJSONResponse({"ok": ok, "parts": parts}, status_code=200 if ok else 503)
+        return JSONResponse({"ok": ok, "parts": parts}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

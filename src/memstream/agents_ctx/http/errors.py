@@ -10,21 +10,19 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.errors import MemstreamError, NotReady
 
 log = logging.getLogger(__name__)
 
 
-def error_response(
-    status: int, code: str, message: str, field: str | None = None
-) -> ORJSONResponse:
+def error_response(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
     err: dict[str, object] = {"code": code, "message": message}
     if field is not None:
         err["field"] = field
-    return ORJSONResponse({"error": err}, status_code=status)
+    return JSONResponse({"error": err}, status_code=status)
 
 
 def _loc_to_field(loc: tuple[object, ...]) -> str:
@@ -37,25 +35,25 @@ def _loc_to_field(loc: tuple[object, ...]) -> str:
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(MemstreamError)
-    async def _memstream(_: Request, exc: MemstreamError) -> ORJSONResponse:
+    async def _memstream(_: Request, exc: MemstreamError) -> JSONResponse:
         if exc.status >= 500:
             log.warning("%s: %s", exc.code, exc.message)
         resp = error_response(exc.status, exc.code, exc.message, exc.field)
         if isinstance(exc, NotReady) and exc.position is not None:
-            resp = ORJSONResponse(
+            resp = JSONResponse(
                 {"error": {"code": exc.code, "message": exc.message, "position": exc.position}},
                 status_code=exc.status,
             )
         return resp
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid"}
         field = _loc_to_field(tuple(first.get("loc", ("body",))))
         return error_response(400, "invalid_request", f"{field}: {first.get('msg')}", field)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> ORJSONResponse:
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {401: "unauthorized", 404: "not_found", 405: "invalid_request"}.get(
             exc.status_code, "invalid_request"
         )

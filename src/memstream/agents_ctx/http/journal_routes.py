@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import ORJSONResponse
 
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
+from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.journal_tools import journal_message_search, journal_tool_call_view
 from memstream.agents_ctx.services import Services
 from memstream.errors import InfraError, InvalidRequest
@@ -57,7 +57,7 @@ def _query_int(request: Request, name: str, default: int) -> int:
 
 
 @router.post("/journal/search")
-async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> ORJSONResponse:
+async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await _body(request)
     result = await journal_message_search(
         caller,
@@ -69,13 +69,13 @@ async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> ORJSO
         store=_store(svc),
         summarizer=_summarizer(svc),
     )
-    return ORJSONResponse(result.to_dict())
+    return JSONResponse(result.to_dict())
 
 
 @router.get("/journal/tool-calls/{tool_call_id}")
 async def tool_call(
     tool_call_id: str, request: Request, caller: CallerDep, svc: ServicesDep
-) -> ORJSONResponse:
+) -> JSONResponse:
     page = await journal_tool_call_view(
         caller,
         tool_call_id,
@@ -84,4 +84,4 @@ async def tool_call(
         journal=svc.need_journal(),
         store=_store(svc),
     )
-    return ORJSONResponse(page.to_dict())
+    return JSONResponse(page.to_dict())

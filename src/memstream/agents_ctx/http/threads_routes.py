@@ -11,9 +11,9 @@ import uuid
 
 import orjson
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import ORJSONResponse
 
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
+from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.services import Services
 from memstream.agents_ctx.validation import check_id, parse_append_body, parse_thread_body
 from memstream.clock import epoch_ms
@@ -58,22 +58,22 @@ async def open_thread(
 
 
 @router.put("")
-async def configure_agent(request: Request, caller: CallerDep, svc: ServicesDep) -> ORJSONResponse:
+async def configure_agent(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("memory"), bool):
         raise InvalidRequest("memory must be true or false", field="memory")
     agent = await svc.accounts.configure_agent(
         caller.account_id, caller.agent_id, memory=body["memory"]
     )
-    return ORJSONResponse({"agent_id": agent.agent_id, "memory": agent.memory})
+    return JSONResponse({"agent_id": agent.agent_id, "memory": agent.memory})
 
 
 @router.post("/threads", status_code=201)
-async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -> ORJSONResponse:
+async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     thread_id, metadata = parse_thread_body(await read_json(request))
     ref = ThreadRef(caller.account_id, caller.agent_id, thread_id or uuid.uuid4().hex)
     meta = await open_thread(svc, ref, metadata)
-    return ORJSONResponse({"thread_id": ref.thread_id, "metadata": meta}, status_code=201)
+    return JSONResponse({"thread_id": ref.thread_id, "metadata": meta}, status_code=201)
 
 
 def thread_ref(caller: Caller, thread_id: str) -> ThreadRef:
@@ -83,13 +83,13 @@ def thread_ref(caller: Caller, thread_id: str) -> ThreadRef:
 @router.post("/threads/{thread_id}/messages", status_code=201)
 async def append_messages(
     request: Request, thread_id: str, caller: CallerDep, svc: ServicesDep
-) -> ORJSONResponse:
+) -> JSONResponse:
     ref = thread_ref(caller, thread_id)
     messages = parse_append_body(await read_json(request), caller.user_id)
     journal = svc.need_journal()
     await open_thread(svc, ref, None)
     appended = await journal.append(ref, messages)
-    return ORJSONResponse(
+    return JSONResponse(
         {
             "appended": [{"offset": m.offset, "message_id": m.message_id} for m in appended],
             "position": appended[-1].seq if appended else None,

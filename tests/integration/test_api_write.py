@@ -1,0 +1,187 @@
+"""The HTTP write path over real Postgres and a real SlateDB journal: auth, agents,
+threads, appends, validation naming the field, and nothing half-written."""
+
+from __future__ import annotations
+
+import pytest
+
+from memstream.schemas.records import ThreadRef
+from tests.fixtures.api import ApiStack
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def test_auth_required_and_checked(api_stack: ApiStack) -> None:
+    c = api_stack.client
+    r = await c.post("/v1/agents/a/threads", json={})
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "unauthorized"
+    r = await c.post("/v1/agents/a/threads", json={}, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and r.json()["error"]["field"] == "Authorization"
+
+
+async def test_configure_agent(api_stack: ApiStack) -> None:
+    c, h = api_stack.client, api_stack.headers()
+    r = await c.put("/v1/agents/bot", json={"memory": True}, headers=h)
+    assert r.status_code == 200 and r.json() == {"agent_id": "bot", "memory": True}
+    r = await c.put("/v1/agents/bot", json={"memory": "yes"}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "memory"
+
+
+async def test_create_thread_and_append(api_stack: ApiStack) -> None:
+    c, h = api_stack.client, api_stack.headers(user="alice")
+    r = await c.post(
+        "/v1/agents/bot/threads",
+        json={"thread_id": "t1", "metadata": {"config": {"max_working_memory_messages": 5}}},
+        headers=h,
+    )
+    assert r.status_code == 201
+    assert r.json() == {
+        "thread_id": "t1",
+        "metadata": {"config": {"max_working_memory_messages": 5}},
+    }
+    r = await c.post(
+        "/v1/agents/bot/threads/t1/messages", json={"role": "user", "content": "hi"}, headers=h
+    )
+    assert r.status_code == 201
+    assert r.json()["appended"][0]["offset"] == 0
+    r = await c.post(
+        "/v1/agents/bot/threads/t1/messages",
+        json={
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": "c1", "name": "search", "arguments": "{}"}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "result"},
+                {"role": "assistant", "content": "done", "reasoning": "thought"},
+            ]
+        },
+        headers=h,
+    )
+    assert r.status_code == 201
+    assert [a["offset"] for a in r.json()["appended"]] == [1, 2, 3]
+    msgs = await api_stack.journal.last(ThreadRef("acme", "bot", "t1"), 20)
+    assert [m.role for m in msgs] == ["user", "assistant", "tool", "assistant"]
+    assert msgs[0].user_id == "alice" and msgs[3].reasoning == "thought"
+    rec = await api_stack.journal.tool_call("acme", "bot", "c1")
+    assert rec is not None and rec.name == "search" and rec.result == "result"
+
+
+async def test_implicit_thread_and_agent(api_stack: ApiStack) -> None:
+    c, h = api_stack.client, api_stack.headers()
+    r = await c.post(
+        "/v1/agents/newbot/threads/fresh/messages", json={"role": "user", "content": "x"}, headers=h
+    )
+    assert r.status_code == 201
+    thread = await api_stack.services.accounts.get_thread(ThreadRef("acme", "newbot", "fresh"))
+    assert thread is not None and not thread.deleted
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"role": "wizard", "content": "x"}, "role"),
+        ({"role": "user", "content": ""}, "content"),
+        ({"role": "user", "content": 5}, "content"),
+        ({"role": "assistant", "content": "", "tool_calls": [{"name": "x"}]}, "tool_calls[0].id"),
+        ({"role": "assistant", "content": "", "tool_calls": "nope"}, "tool_calls"),
+        ({"role": "tool", "content": "r"}, "tool_call_id"),
+        ({"role": "user", "content": "x", "tool_call_id": "c"}, "tool_call_id"),
+        ({"messages": []}, "messages"),
+        (
+            {"messages": [{"role": "user", "content": "ok"}, {"role": "user"}]},
+            "messages[1].content",
+        ),
+        ([1, 2], "body"),
+    ],
+)
+async def test_bad_append_names_field_and_writes_nothing(
+    api_stack: ApiStack, body: object, field: str
+) -> None:
+    c, h = api_stack.client, api_stack.headers()
+    ref = ThreadRef("acme", "valid", "tv")
+    before = await api_stack.journal.next_offset(ref)
+    r = await c.post("/v1/agents/valid/threads/tv/messages", json=body, headers=h)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_request" and err["field"] == field
+    assert await api_stack.journal.next_offset(ref) == before
+
+
+async def test_not_json_and_oversize(api_stack: ApiStack) -> None:
+    c, h = api_stack.client, api_stack.headers()
+    r = await c.post("/v1/agents/v/threads/t/messages", content=b"{nope", headers=h)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "body"
+    big = b'{"role":"user","content":"' + b"x" * (9 * 1024 * 1024) + b'"}'
+    r = await c.post("/v1/agents/v/threads/t/messages", content=big, headers=h)
+    assert r.status_code == 413 and r.json()["error"]["field"] == "body"
+
+
+async def test_bad_ids_name_the_field(api_stack: ApiStack) -> None:
+    c, h = api_stack.client, api_stack.headers()
+    r = await c.post("/v1/agents/bot/threads", json={"thread_id": ""}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "thread_id"
+    r = await c.post(
+        "/v1/agents/bot/threads",
+        json={"metadata": {"config": {"max_working_memory_messages": -1}}},
+        headers=h,
+    )
+    assert r.json()["error"]["field"] == "metadata.config.max_working_memory_messages"
+    r = await c.post("/v1/agents/bot/threads", json={}, headers={**h, "X-Memstream-User": "a/b"})
+    assert r.json()["error"]["field"] == "X-Memstream-User"
+
+
+async def test_accounts_are_isolated(api_stack: ApiStack) -> None:
+    c = api_stack.client
+    await c.post(
+        "/v1/agents/shared-name/threads/t/messages",
+        json={"role": "user", "content": "acme secret"},
+        headers=api_stack.headers(),
+    )
+    await c.post(
+        "/v1/agents/shared-name/threads/t/messages",
+        json={"role": "user", "content": "other"},
+        headers=api_stack.headers(key=api_stack.other_key),
+    )
+    acme = await api_stack.journal.last(ThreadRef("acme", "shared-name", "t"), 10)
+    other = await api_stack.journal.last(ThreadRef("other", "shared-name", "t"), 10)
+    assert [m.content for m in acme] == ["acme secret"]
+    assert [m.content for m in other] == ["other"]
+
+
+async def test_delete_thread_keeps_journal(api_stack: ApiStack) -> None:
+    c, h = api_stack.client, api_stack.headers()
+    await c.post(
+        "/v1/agents/bot/threads/gone/messages",
+        json={"role": "user", "content": "keep me"},
+        headers=h,
+    )
+    r = await c.delete("/v1/agents/bot/threads/gone", headers=h)
+    assert r.status_code == 204
+    r = await c.delete("/v1/agents/bot/threads/gone", headers=h)
+    assert r.status_code == 404
+    msgs = await api_stack.journal.last(ThreadRef("acme", "bot", "gone"), 10)
+    assert [m.content for m in msgs] == ["keep me"]
+
+
+async def test_admin_append_needs_token(api_stack: ApiStack) -> None:
+    c = api_stack.client
+    body = {
+        "account_id": "acme",
+        "agent_id": "bulk",
+        "thread_id": "t",
+        "messages": [{"role": "user", "content": "a"}],
+    }
+    r = await c.post("/admin/append", json=body)
+    assert r.status_code == 401
+    r = await c.post(
+        "/admin/append", json=body, headers={"X-Memstream-Admin-Token": "admin-secret"}
+    )
+    assert r.status_code == 200 and r.json()["appended"][0]["offset"] == 0
+
+
+async def test_healthz(api_stack: ApiStack) -> None:
+    r = await api_stack.client.get("/healthz")
+    assert r.status_code == 200
