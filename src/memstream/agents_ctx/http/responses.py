@@ -1,4 +1,4 @@
-"""``JSONResponse``: orjson-rendered JSON (FastAPI deprecated its own JSONResponse)."""
+"""``JSONResponse``: orjson-rendered JSON (FastAPI deprecated its ORJSON response class)."""
 
 from __future__ import annotations
 
