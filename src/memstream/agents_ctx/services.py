@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from memstream.infra.llm.ports import SummaryModel
     from memstream.infra.metrics import Metrics
     from memstream.infra.settings import Settings
+    from memstream.infra.summary_store import SummaryStore
     from memstream.projections.messages import MessageStore
 
 
@@ -32,6 +33,7 @@ class Services:
     health: dict[str, bool] = field(default_factory=dict)
     message_store: MessageStore | None = None  # transcript search (ClickHouse projection)
     summary_model: SummaryModel | None = None  # utility model for search summaries
+    summary_store: SummaryStore | None = None  # thread summaries (object store + Redis cache)
 
     def need_journal(self) -> Journal:
         if self.journal is None:

@@ -139,6 +139,13 @@ class ThreadState:
         vals = cast(list[bytes | None], raw)
         return int(vals[0] or 0), int(vals[1] or 0)
 
+    async def watermark(self, ref: ThreadRef) -> int:
+        """The last summarized offset Redis knows (-1 if none or unknown)."""
+        raw = await _call(
+            lambda: self._redis.get(redis_keys.watermark(ref)), "reading the watermark"
+        )
+        return int(cast(bytes, raw)) if raw is not None else -1
+
     async def init_watermark(self, ref: ThreadRef, last_summarized_offset: int) -> None:
         """Set the watermark if absent (loaded from the summary store after a Redis wipe)."""
         await _call(

@@ -12,7 +12,13 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 
 from memstream import __version__
-from memstream.agents_ctx.http import admin_routes, errors, journal_routes, threads_routes
+from memstream.agents_ctx.http import (
+    admin_routes,
+    errors,
+    journal_routes,
+    summary_routes,
+    threads_routes,
+)
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.services import Services
 from memstream.schemas.limits import MAX_REQUEST_BYTES
@@ -59,4 +65,5 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(threads_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(journal_routes.router)
+    app.include_router(summary_routes.router)
     return app
