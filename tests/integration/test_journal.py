@@ -13,6 +13,7 @@ from slatedb.uniffi import ObjectStore
 from memstream.clock import FixedClock
 from memstream.errors import InvalidRequest, JournalFenced, JournalUnavailable
 from memstream.infra.journal import Journal, JournalReader, local_store
+from memstream.infra.metrics import Metrics
 from memstream.infra.tokenizer import count_message_tokens
 from memstream.schemas.events import decode, message_of, thread_event
 from memstream.schemas.records import NewMessage, ThreadRef, ToolCall
@@ -188,6 +189,21 @@ async def test_group_commit_under_concurrency(journal: Journal) -> None:
     seqs = [s for s, _ in await journal.read_seq(0, 1000)]
     assert seqs == list(range(1, 201))
     assert batches <= 20, f"{batches} durable waits for 200 appends: no group commit"
+
+
+async def test_metrics_record_latency_and_batch_sizes(
+    journal_store: tuple[ObjectStore, str],
+) -> None:
+    store, path = journal_store
+    metrics = Metrics()
+    j = await Journal.open(store, path, metrics=metrics)
+    try:
+        await asyncio.gather(*(j.append(T1, [user("x"), user("y")]) for _ in range(4)))
+    finally:
+        await j.close()
+    assert metrics.sample("memstream_journal_append_seconds_count") == 4
+    assert metrics.sample("memstream_journal_group_commit_batch_size_sum") == 8
+    assert metrics.sample("memstream_journal_group_commit_batch_size_count") == j.stats.batches
 
 
 async def test_fencing_second_writer_takes_over(

@@ -19,6 +19,7 @@ from memstream.errors import InvalidRequest
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.infra.journal.reader import JournalReader
 from memstream.infra.journal.writer import Journal
+from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 
 
@@ -56,7 +57,9 @@ def journal_location(settings: Settings) -> tuple[ObjectStore, str]:
     )
 
 
-async def open_journal(settings: Settings, clock: Clock | None = None) -> Journal:
+async def open_journal(
+    settings: Settings, clock: Clock | None = None, metrics: Metrics | None = None
+) -> Journal:
     """The journal writer the settings describe (fences any older writer)."""
     store, path = journal_location(settings)
     return await Journal.open(
@@ -65,6 +68,7 @@ async def open_journal(settings: Settings, clock: Clock | None = None) -> Journa
         flush_interval_ms=settings.journal_flush_interval_ms,
         clock=clock,
         max_batch=settings.journal_max_batch,
+        metrics=metrics,
     )
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,6 +51,7 @@ from memstream.infra.journal import keys
 from memstream.infra.journal.codec import ToolCallRecord, encode_message, encode_tool_call
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.infra.journal.reads import JournalReads
+from memstream.infra.metrics import Metrics
 from memstream.infra.tokenizer import count_message_tokens
 from memstream.schemas.events import Envelope, encode, message_appended
 from memstream.schemas.limits import MAX_MESSAGES_PER_APPEND
@@ -129,8 +131,10 @@ class Journal(JournalReads):
         last_seq: int,
         watermark: int,
         offset_cache_size: int,
+        metrics: Metrics | None = None,
     ) -> None:
         self._db = db
+        self._metrics = metrics
         self._wdb = db
         self._clock = clock
         self._count_tokens = count_tokens
@@ -160,11 +164,13 @@ class Journal(JournalReads):
         max_batch: int = 512,
         eager_flush: bool = True,
         offset_cache_size: int = 100_000,
+        metrics: Metrics | None = None,
     ) -> Journal:
         """Open (or create) the journal at ``path`` in ``object_store`` and fence any older
         writer. ``flush_interval_ms`` is SlateDB's background WAL flush; with ``eager_flush``
         each batch also flushes the WAL at once (a group commit is one object-store PUT), so
         a lone append does not wait for the next tick. ``max_batch`` caps messages per batch.
+        ``metrics``, when given, records append latency and group-commit batch sizes.
         """
         settings = SlateSettings.default()
         try:
@@ -187,6 +193,7 @@ class Journal(JournalReads):
             last_seq=last_seq,
             watermark=watermark,
             offset_cache_size=offset_cache_size,
+            metrics=metrics,
         )
 
     # --- state ---------------------------------------------------------------------------------
@@ -232,7 +239,10 @@ class Journal(JournalReads):
             tokens=tokens,
             weight=len(messages),
         )
+        t0 = time.perf_counter()
         out = await self._submit(req)
+        if self._metrics is not None:
+            self._metrics.journal_append_latency.observe(time.perf_counter() - t0)
         assert isinstance(out, list)
         return out
 
@@ -320,6 +330,8 @@ class Journal(JournalReads):
                 self._fail_all(batch, err)
                 return
             self.stats.batches += 1
+            if self._metrics is not None:
+                self._metrics.journal_batch_size.observe(sum(r.weight for r in batch))
         # durable: only now does the committed state move forward
         self._seq = staged.seq
         self._watermark = staged.watermark
