@@ -93,7 +93,7 @@ async def keys(
     limit: int = 10,
 ) -> list[str]:
     hits = await idx.query(acct, agent, user, query, limit, category, now)
-    return [ident.key for ident, _ in hits]
+    return [ref[1] for ref, _ in hits]
 
 
 FACTS = {
@@ -116,7 +116,7 @@ async def test_hybrid_ranking_finds_paraphrases(index: MemoryIndex) -> None:
     # the lexical side still works for exact words
     assert (await keys(index, acct, "PostgreSQL"))[0] == "db"
     hits = await index.query(acct, AGENT, None, "where is their home city", 3, None, NOW)
-    assert hits[0][0].key == "home"
+    assert hits[0][0] == ("", "home")
     assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
 
 

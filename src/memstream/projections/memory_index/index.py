@@ -6,7 +6,7 @@ Two users:
   ``memory`` events (see ``rules.py``): upserts are embedded in one embedder call (through the
   cache), then written; deletes are written as they come. Runs keep event order.
 - the recall service calls :meth:`MemoryIndex.query` (its ``MemoryIndexPort``): one hybrid
-  query, returning ``(identity, fused score)`` best first. Postgres stays the authority: the
+  query, returning ``((owner, key), fused score)`` best first. Postgres stays the authority: the
   caller re-applies visibility and expiry to the rows it fetches.
 """
 
@@ -19,7 +19,6 @@ from qdrant_edge import Bm25
 
 from memstream.infra.embeddings import Embedder
 from memstream.projections.memory_index.layout import (
-    PointIdentity,
     RecallScope,
     collection_name,
     document_text,
@@ -110,8 +109,12 @@ class MemoryIndex:
         limit: int,
         category: str | None,
         now: datetime,
-    ) -> list[tuple[PointIdentity, float]]:
-        """Ranked ``(identity, RRF score)`` of entries visible to the caller, best first."""
+    ) -> list[tuple[tuple[str, str], float]]:
+        """Ranked ``((owner, key), RRF score)`` of entries visible to the caller, best first.
+
+        Implements ``memstream.agents_ctx.memory.ports.MemoryIndexPort``: the account and
+        agent are the caller's, so ``(owner, key)`` completes the entry identity.
+        """
         if not query_text.strip():
             return []
         limit = max(1, min(limit, RECALL_MAX_LIMIT))
@@ -123,7 +126,7 @@ class MemoryIndex:
             now_epoch=now.timestamp(),
             category=category,
         )
-        return await self.backend.hybrid_query(
+        hits = await self.backend.hybrid_query(
             self.collection(account_id),
             dense,
             self._sparse_query(query_text),
@@ -131,6 +134,7 @@ class MemoryIndex:
             limit,
             max(self._prefetch, limit),
         )
+        return [((ident.owner, ident.key), score) for ident, score in hits]
 
     async def close(self) -> None:
         await self.backend.close()
