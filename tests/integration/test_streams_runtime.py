@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
 from memstream.errors import InvalidRequest, RetryableInfraError
+from memstream.infra.kafka.admin import ensure_topics
 from memstream.infra.metrics import Metrics, make_metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.events import Envelope, encode, thread_event
@@ -65,15 +65,6 @@ class Recorder(Processor):
             self.metas[it.envelope.id] = it.meta
 
 
-async def create_topics(bootstrap: str, names: Sequence[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
-    finally:
-        await admin.close()
-
-
 class Pipeline:
     def __init__(self, bootstrap: str, topics: Topics, runner: Runner, metrics: Metrics) -> None:
         self.bootstrap = bootstrap
@@ -116,7 +107,7 @@ async def pipeline(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
     topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
-    await create_topics(kafka_bootstrap, [topics.journal, topics.dlq])
+    await ensure_topics(kafka_bootstrap, topics, PARTITIONS, 1)
     settings = Settings(
         kafka_bootstrap=kafka_bootstrap,
         topic_prefix=topics.prefix,
@@ -308,7 +299,7 @@ async def test_runner_group_lag_reaches_zero_with_true_end_offsets(pipeline: Pip
 
 async def _lag_matches_known_counts(bootstrap: str) -> None:
     topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
-    await create_topics(bootstrap, [topics.journal])
+    await ensure_topics(bootstrap, topics, PARTITIONS, 1)
     # Several records per producer batch: Tansu's ListOffsets is wrong for these.
     await produce(bootstrap, topics.journal, [("k", f"v{i}".encode()) for i in range(7)])
     group = f"{topics.prefix}g"

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from memstream.errors import InvalidRequest, RetryableInfraError
+from memstream.errors import InvalidRequest
+from memstream.infra.kafka.failures import KAFKA_FAILURES, translate
 from memstream.schemas.events import DecodeError, decode
 from memstream.schemas.topics import Topics
 from memstream.streams.lag import bootstrap_hosts, end_offsets
@@ -136,9 +137,9 @@ async def list_dead_letters(
         enable_auto_commit=False,
         fetch_max_wait_ms=100,
     )
-    await consumer.start()
     out: list[DeadLetter] = []
     try:
+        await consumer.start()
         tps = list(wanted)
         consumer.assign(tps)
         for tp in tps:
@@ -161,8 +162,8 @@ async def list_dead_letters(
                 for tp in list(pending):
                     if await consumer.position(tp) >= wanted[tp]:
                         pending.discard(tp)
-    except TimeoutError:
-        raise RetryableInfraError(f"reading {topic} timed out") from None
+    except KAFKA_FAILURES as exc:
+        raise translate(exc, f"reading {topic}") from exc
     finally:
         await consumer.stop()
     out.sort(key=lambda d: (d.ts, d.dlq_partition, d.dlq_offset))
@@ -207,8 +208,8 @@ async def retry_dead_letters(
     if not to_send:
         return report
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_hosts(bootstrap), acks="all")
-    await producer.start()
     try:
+        await producer.start()
         futures = [
             await producer.send(
                 d.origin_topic,
@@ -219,8 +220,8 @@ async def retry_dead_letters(
         ]
         async with asyncio.timeout(timeout):
             await asyncio.gather(*futures)
-    except TimeoutError:
-        raise RetryableInfraError("re-publishing dead letters timed out") from None
+    except KAFKA_FAILURES as exc:
+        raise translate(exc, "re-publishing dead letters") from exc
     finally:
         await producer.stop()
     report.republished.extend(to_send)

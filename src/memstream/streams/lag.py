@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from memstream.errors import InvalidRequest, RetryableInfraError
+from memstream.errors import InvalidRequest
+from memstream.infra.kafka.failures import KAFKA_FAILURES, translate
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
 
@@ -124,8 +125,8 @@ async def end_offsets(
                     if hw is not None:
                         highs[tp] = hw
         return starts, highs
-    except TimeoutError:
-        raise RetryableInfraError("broker did not report high-water marks in time") from None
+    except KAFKA_FAILURES as exc:  # TimeoutError included: no high-water mark in time
+        raise translate(exc, "reading high-water marks") from exc
     finally:
         await consumer.stop()
 
@@ -155,10 +156,10 @@ async def consumer_lag(
     all_topics = [t for ts in groups.values() for t in ts]
     starts, highs = await end_offsets(bootstrap, all_topics, timeout=timeout)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_hosts(bootstrap))
-    await admin.start()
     now = time.time()
     rows: list[LagRow] = []
     try:
+        await admin.start()
         for group in sorted(groups):
             tps = [tp for tp in highs if tp.topic in set(groups[group])]
             tps.sort(key=lambda tp: (tp.topic, tp.partition))
@@ -180,6 +181,8 @@ async def consumer_lag(
                         since_commit_s=None if lc is None else max(0.0, now - lc),
                     )
                 )
+    except KAFKA_FAILURES as exc:
+        raise translate(exc, "reading committed offsets") from exc
     finally:
         await admin.close()
     return rows

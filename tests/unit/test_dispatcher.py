@@ -1,0 +1,149 @@
+"""Dispatch rules of the stream runtime (no broker: the output is an injected callable)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+import pytest
+
+from memstream.errors import RetryableInfraError
+from memstream.infra.metrics import make_metrics
+from memstream.schemas.events import Envelope, decode, encode, thread_event
+from memstream.schemas.topics import JOURNAL
+from memstream.streams.processor import (
+    Dispatcher,
+    EventMeta,
+    Processor,
+    RawRecord,
+    Received,
+    RetryPolicy,
+)
+
+TOPIC = "p.journal"
+
+
+class Flaky(Processor):
+    name = "flaky"
+    topic = JOURNAL
+
+    def __init__(self, *, transient: int = 0, crash_on: frozenset[str] = frozenset()) -> None:
+        self.transient = transient
+        self.crash_on = crash_on
+        self.handled: list[str] = []
+        self.calls = 0
+
+    async def handle(self, envelope: Envelope, meta: EventMeta) -> None:
+        self.calls += 1
+        if self.calls <= self.transient:
+            raise RetryableInfraError("redis away")
+        if envelope.thread_id in self.crash_on:
+            raise ValueError("cannot apply")
+        self.handled.append(envelope.thread_id or "")
+
+
+class Batchy(Flaky):
+    name = "batchy"
+    batch_max = 10
+
+    async def handle_batch(self, items: Sequence[Received]) -> None:
+        if any(i.envelope.thread_id in self.crash_on for i in items):
+            raise ValueError("batch insert refused")
+        self.handled += [i.envelope.thread_id or "" for i in items]
+
+
+class Out:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.records: list[tuple[str, bytes | None, bytes]] = []
+        self.fail_first = fail_first
+
+    async def __call__(self, topic: str, key: bytes | None, value: bytes) -> None:
+        if self.fail_first:
+            self.fail_first -= 1
+            raise ConnectionError("broker away")
+        self.records.append((topic, key, value))
+
+
+def rec(offset: int, value: bytes, key: bytes = b"th") -> RawRecord:
+    return RawRecord(EventMeta(TOPIC, 1, offset, key), value)
+
+
+def ev(thread: str) -> bytes:
+    return encode(thread_event("thread.created", "a", "g", thread, ts=1, event_id=thread))
+
+
+FAST = RetryPolicy(attempts=3, first_delay=0.001, max_delay=0.002)
+
+
+async def test_undecodable_record_is_dead_lettered_with_origin_and_next_one_handled() -> None:
+    p, out, m = Flaky(), Out(), make_metrics()
+    d = Dispatcher(p, dlq_topic="p.dlq", publish=out, metrics=m, retry=FAST)
+    await d.dispatch([rec(7, b"{oops")])
+    await d.dispatch([rec(8, ev("t2"))])
+    assert p.handled == ["t2"]
+    [(topic, key, value)] = out.records
+    assert (topic, key) == ("p.dlq", b"th")
+    dl = decode(value)
+    assert dl.type == "dlq.dead_letter"
+    assert dl.data["origin_topic"] == TOPIC
+    assert (dl.data["origin_partition"], dl.data["origin_offset"]) == (1, 7)
+    assert dl.data["payload"] == "{oops" and dl.data["processor"] == "flaky"
+    assert "field $" in str(dl.data["error"])
+    assert (
+        m.sample("memstream_dlq_events_total", {"processor": "flaky", "origin_topic": TOPIC}) == 1
+    )
+    assert m.sample("memstream_processor_events_total", {"processor": "flaky", "topic": TOPIC}) == 2
+
+
+async def test_transient_errors_are_retried_then_succeed() -> None:
+    p, out, m = Flaky(transient=2), Out(), make_metrics()
+    await Dispatcher(p, dlq_topic="p.dlq", publish=out, metrics=m, retry=FAST).dispatch(
+        [rec(1, ev("t1"))]
+    )
+    assert p.handled == ["t1"] and out.records == []
+    assert (
+        m.sample("memstream_processor_errors_total", {"processor": "flaky", "kind": "retry"}) == 2
+    )
+
+
+async def test_retries_are_bounded_then_dead_lettered() -> None:
+    p, out = Flaky(transient=99), Out()
+    await Dispatcher(
+        p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+    ).dispatch([rec(1, ev("t1"))])
+    assert p.calls == 3
+    [(_, _, value)] = out.records
+    assert "RetryableInfraError" in str(decode(value).data["error"])
+
+
+async def test_handler_exception_is_dead_lettered_with_the_account() -> None:
+    p, out = Flaky(crash_on=frozenset({"bad"})), Out()
+    await Dispatcher(
+        p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+    ).dispatch([rec(3, ev("bad"))])
+    dl = decode(out.records[0][2])
+    assert dl.account_id == "a" and "ValueError: cannot apply" in str(dl.data["error"])
+    assert orjson.loads(str(dl.data["payload"]))["thread_id"] == "bad"
+
+
+async def test_failed_batch_is_split_and_only_the_bad_record_dead_lettered() -> None:
+    p, out = Batchy(crash_on=frozenset({"bad"})), Out()
+    records = [rec(i, ev(t)) for i, t in enumerate(["t0", "t1", "bad", "t3"])]
+    await Dispatcher(
+        p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+    ).dispatch(records)
+    assert p.handled == ["t0", "t1", "t3"]
+    assert [decode(v).data["origin_offset"] for _, _, v in out.records] == [2]
+
+
+async def test_dead_letter_publish_is_retried_until_the_broker_answers() -> None:
+    p, out = Flaky(crash_on=frozenset({"bad"})), Out(fail_first=2)
+    await Dispatcher(
+        p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+    ).dispatch([rec(3, ev("bad"))])
+    assert len(out.records) == 1
+
+
+@pytest.mark.parametrize(("attempt", "expected"), [(1, 0.1), (2, 0.2), (4, 0.8), (20, 5.0)])
+def test_backoff_doubles_up_to_the_cap(attempt: int, expected: float) -> None:
+    assert RetryPolicy().delay(attempt) == pytest.approx(expected)
