@@ -1,0 +1,128 @@
+"""``memstream up`` end to end as a user runs it: a subprocess on a fresh data directory,
+the ready line, appends over HTTP, ``memstream produce`` with good and bad lines, a clean
+SIGTERM stop with no orphan server processes, and a restart that keeps the data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from memstream.infra.journal import Journal, local_store
+from memstream.schemas.records import ThreadRef
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+KEY = "test-key-123"
+
+
+def start_up(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "MEMSTREAM_API_KEYS": f"acme:{KEY}"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "memstream.infra.cli.main",
+            "up",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 180
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        if line.startswith("memstream ready at "):
+            return proc, line.split(" at ", 1)[1].strip()
+    proc.kill()
+    raise AssertionError("memstream up never printed its ready line:\n" + "".join(seen[-40:]))
+
+
+def stop_up(proc: subprocess.Popen[str]) -> list[int]:
+    """SIGTERM; returns pids of descendants still alive afterwards (should be none)."""
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    time.sleep(0.5)
+    return [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_up_produce_stop_restart(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, url = start_up(data)
+    try:
+        h = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=url, headers=h, timeout=30) as c:
+            assert (await c.get("/healthz")).status_code == 200
+            r = await c.post(
+                "/v1/agents/bot/threads/t1/messages", json={"role": "user", "content": "first"}
+            )
+            assert r.status_code == 201, r.text
+
+        lines = tmp_path / "in.jsonl"
+        lines.write_text(
+            '{"account_id": "acme", "agent_id": "bot", "thread_id": "t1", "role": "assistant", "content": "second"}\n'
+            '{"account_id": "acme", "agent_id": "bot", "thread_id": "t1", "role": "bogus", "content": "x"}\n'
+            "not json\n"
+            '{"account_id": "acme", "agent_id": "bot", "thread_id": "t2", "role": "user", "content": "other thread"}\n'
+        )
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "memstream.infra.cli.main",
+                "produce",
+                str(lines),
+                "--data-dir",
+                str(data),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 1, res.stderr  # two bad lines
+        assert "line 2 (role)" in res.stderr and "line 3" in res.stderr
+        assert "2 appended, 2 failed" in res.stderr
+    finally:
+        leftovers = stop_up(proc)
+    assert leftovers == [], f"orphan processes after SIGTERM: {leftovers}"
+
+    # The data is durable: read the journal directly now that the writer is gone.
+    journal = await Journal.open(local_store(data / "journal"), "journal")
+    try:
+        t1 = await journal.last(ThreadRef("acme", "bot", "t1"), 10)
+        t2 = await journal.last(ThreadRef("acme", "bot", "t2"), 10)
+    finally:
+        await journal.close()
+    assert [m.content for m in t1] == ["first", "second"]
+    assert [m.content for m in t2] == ["other thread"]
+
+    # Restart on the same data directory: the data is still there and appends continue.
+    proc, url = start_up(data)
+    try:
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}) as c:
+            r = await c.post(
+                "/v1/agents/bot/threads/t1/messages", json={"role": "user", "content": "third"}
+            )
+            assert r.status_code == 201 and r.json()["appended"][0]["offset"] == 2
+    finally:
+        assert stop_up(proc) == []
