@@ -1,0 +1,160 @@
+"""The memory outbox relay: Postgres ``memory_outbox`` → the Kafka ``memory`` topic.
+
+Guarantees:
+
+- **Nothing lost**: a row is marked published only after the bus acknowledged it
+  (``publish_many`` returns once every record is acknowledged). While Kafka is down the
+  rows wait in Postgres, and the relay retries with a capped backoff.
+- **At least once**: a crash between the acknowledgement and the mark re-publishes the same
+  bytes (same event ids); consumers dedupe by event id / entry version.
+- **Order**: rows are drained in id order and published keyed ``account/agent``
+  (``schemas.topics.memory_key``); the bus keeps per-key order. Changes to one entry are
+  serialised by its row lock, so their outbox ids — and so their order on the topic —
+  follow the order of the changes.
+- **One active relay**: a session advisory lock makes every other relay process a standby
+  that takes over when the active one's connection goes away.
+
+Wakes on ``NOTIFY`` from the writers (``outbox.OUTBOX_CHANNEL``), and polls every
+``poll_interval_s`` as a fallback (a missed notification only delays, never loses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final, Protocol
+
+import asyncpg
+
+from memstream.agents_ctx.memory.outbox import OUTBOX_CHANNEL
+from memstream.errors import InfraError
+from memstream.schemas.topics import memory_key
+
+if TYPE_CHECKING:
+    from memstream.infra.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+_RELAY_LOCK: Final = 0x6D656D6F  # "memo"
+
+
+class Publisher(Protocol):
+    """What the relay needs of the bus (``memstream.infra.kafka.bus.Bus`` has it)."""
+
+    async def publish_many(self, topic: str, records: Iterable[tuple[str, bytes]]) -> int: ...
+
+
+class OutboxRelay:
+    """Drains ``memory_outbox`` to ``topic``. ``await run()`` until cancelled, or call
+    ``drain()`` yourself (tests, the CLI)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        bus: Publisher,
+        topic: str,
+        *,
+        batch: int = 500,
+        poll_interval_s: float = 1.0,
+        max_backoff_s: float = 5.0,
+        retention: timedelta = timedelta(days=1),
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._pool = pool
+        self._bus = bus
+        self._topic = topic
+        self._batch = batch
+        self._poll = poll_interval_s
+        self._max_backoff = max_backoff_s
+        self._retention = retention
+        self._metrics = metrics
+        self._wake = asyncio.Event()
+
+    async def publish_batch(self) -> int:
+        """Publish the oldest unpublished rows (at most one batch) and mark them.
+
+        Returns how many were published; raises ``InfraError`` if the bus failed (nothing
+        is marked then)."""
+        rows = await self._pool.fetch(
+            "SELECT id, account_id, agent_id, event FROM memory_outbox "
+            "WHERE published_at IS NULL ORDER BY id LIMIT $1",
+            self._batch,
+        )
+        if not rows:
+            return 0
+        records = [(memory_key(r["account_id"], r["agent_id"]), bytes(r["event"])) for r in rows]
+        await self._bus.publish_many(self._topic, records)
+        await self._pool.execute(
+            "UPDATE memory_outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
+            [r["id"] for r in rows],
+        )
+        return len(rows)
+
+    async def drain(self) -> int:
+        """Publish until nothing is pending; returns the count. Raises on a bus failure."""
+        total = 0
+        while n := await self.publish_batch():
+            total += n
+        await self._report_backlog()
+        return total
+
+    async def backlog(self) -> int:
+        n = await self._pool.fetchval(
+            "SELECT count(*) FROM memory_outbox WHERE published_at IS NULL"
+        )
+        return int(n)
+
+    async def prune(self) -> int:
+        """Delete rows published longer ago than ``retention`` (the topic has them)."""
+        status = await self._pool.execute(
+            "DELETE FROM memory_outbox WHERE published_at IS NOT NULL "
+            "AND published_at < now() - $1::interval",
+            self._retention,
+        )
+        return int(status.split()[-1])
+
+    async def _report_backlog(self) -> None:
+        if self._metrics is not None:
+            self._metrics.relay_backlog.labels(relay="memory").set(await self.backlog())
+
+    def _notified(self, *_: object) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Hold the relay lock (standby until it is free), then drain on every notification
+        or poll tick, backing off while the bus is down. Runs until cancelled."""
+        async with self._pool.acquire() as conn:
+            while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _RELAY_LOCK):
+                await asyncio.sleep(self._poll)
+            await conn.add_listener(OUTBOX_CHANNEL, self._notified)
+            try:
+                await self._loop()
+            finally:
+                with contextlib.suppress(Exception):
+                    await conn.remove_listener(OUTBOX_CHANNEL, self._notified)
+                    await conn.execute("SELECT pg_advisory_unlock($1)", _RELAY_LOCK)
+
+    async def _loop(self) -> None:
+        backoff = 0.1
+        ticks = 0
+        while True:
+            self._wake.clear()
+            try:
+                n = await self.drain()
+                if n:
+                    log.debug("memory relay published %d events", n)
+                backoff = 0.1
+            except (InfraError, OSError, asyncpg.PostgresError) as e:
+                log.warning("memory relay: %s; retrying in %.1fs", e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            ticks += 1
+            if ticks % 600 == 0:
+                with contextlib.suppress(asyncpg.PostgresError, OSError):
+                    await self.prune()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll)

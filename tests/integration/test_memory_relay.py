@@ -1,0 +1,127 @@
+"""The memory outbox relay against real Postgres and a real Kafka broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from memstream.agents_ctx.memory.store import MemoryService
+from memstream.clock import FixedClock
+from memstream.errors import InfraError
+from memstream.infra.kafka.admin import ensure_topics
+from memstream.infra.kafka.bus import Bus
+from memstream.schemas.events import Envelope, decode
+from memstream.schemas.records import Caller
+from memstream.schemas.topics import Topics
+from memstream.streams.outbox_relay import OutboxRelay
+
+_agents = itertools.count(1)
+
+
+async def read_topic(
+    bootstrap: str, topic: str, want: int, timeout: float = 20.0
+) -> list[tuple[str, Envelope]]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    out: list[tuple[str, Envelope]] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(out) < want and loop.time() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                out.extend((r.key.decode(), decode(r.value)) for r in records)
+    finally:
+        await consumer.stop()
+    return out
+
+
+@pytest.fixture
+async def topics(kafka_bootstrap: str, unique_topics: Topics) -> Topics:
+    await ensure_topics(kafka_bootstrap, unique_topics, 2, 1)
+    return unique_topics
+
+
+@pytest.fixture
+async def bus(kafka_bootstrap: str):  # type: ignore[no-untyped-def]
+    b = Bus(kafka_bootstrap)
+    await b.start()
+    yield b
+    await b.stop()
+
+
+async def pending(pool: asyncpg.Pool) -> int:
+    return int(await pool.fetchval("SELECT count(*) FROM memory_outbox WHERE published_at IS NULL"))
+
+
+async def test_drain_publishes_in_order_keyed_by_agent_and_marks_rows(
+    pg_pool: asyncpg.Pool, bus: Bus, topics: Topics, kafka_bootstrap: str
+) -> None:
+    await OutboxRelay(pg_pool, bus, topics.memory).drain()  # leftovers of other tests
+    svc = MemoryService(pg_pool, FixedClock())
+    c = Caller("acc", f"relay{next(_agents)}", "u1")
+    await svc.store(c, "k", "first version", "project_fact", "shared")
+    await svc.store(c, "k", "second version", "project_fact", "shared")
+    await svc.forget(c, "k")
+    relay = OutboxRelay(pg_pool, bus, topics.memory)
+    assert await relay.drain() == 3
+    assert await pending(pg_pool) == 0
+    got = await read_topic(kafka_bootstrap, topics.memory, 3)
+    assert [k for k, _ in got] == [f"acc/{c.agent_id}"] * 3
+    assert [e.type for _, e in got] == ["memory.stored", "memory.replaced", "memory.forgotten"]
+    versions = [e.data["entry"]["version"] for _, e in got]  # type: ignore[index]
+    assert versions == sorted(versions)
+    assert await relay.drain() == 0  # marked: not published twice
+
+
+async def test_rows_wait_while_kafka_is_unavailable(
+    pg_pool: asyncpg.Pool, topics: Topics, kafka_bootstrap: str
+) -> None:
+    svc = MemoryService(pg_pool, FixedClock())
+    c = Caller("acc", f"relay{next(_agents)}", None)
+    down = Bus(kafka_bootstrap)  # never started: every publish fails like a lost broker
+    await svc.store(c, "k1", "waits for kafka", "project_fact", "shared")
+    before = await pending(pg_pool)
+    with pytest.raises(InfraError):
+        await OutboxRelay(pg_pool, down, topics.memory).drain()
+    assert await pending(pg_pool) == before  # nothing marked
+    up = Bus(kafka_bootstrap)
+    await up.start()
+    try:
+        await OutboxRelay(pg_pool, up, topics.memory).drain()
+    finally:
+        await up.stop()
+    assert await pending(pg_pool) == 0
+    got = await read_topic(kafka_bootstrap, topics.memory, 100, timeout=5)
+    assert any(e.data["entry"]["key"] == "k1" for _, e in got)  # type: ignore[index]
+
+
+async def test_run_wakes_on_notify(
+    pg_pool: asyncpg.Pool, bus: Bus, topics: Topics, kafka_bootstrap: str
+) -> None:
+    relay = OutboxRelay(pg_pool, bus, topics.memory, poll_interval_s=60.0)
+    await relay.drain()
+    task = asyncio.create_task(relay.run())
+    try:
+        await asyncio.sleep(0.3)  # let it take the lock and LISTEN
+        svc = MemoryService(pg_pool, FixedClock())
+        c = Caller("acc", f"relay{next(_agents)}", None)
+        await svc.store(
+            c, "woken", "published without waiting for the poll", "observation", "shared"
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while await pending(pg_pool) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert await pending(pg_pool) == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
