@@ -96,6 +96,7 @@ async def test_up_produce_stop_restart(tmp_path: Path) -> None:
                 str(data),
             ],
             capture_output=True,
+            check=False,
             text=True,
             timeout=120,
         )
