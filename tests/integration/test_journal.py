@@ -12,8 +12,16 @@ from slatedb.uniffi import ObjectStore
 
 from memstream.clock import FixedClock
 from memstream.errors import InvalidRequest, JournalFenced, JournalUnavailable
-from memstream.infra.journal import Journal, JournalReader, local_store
+from memstream.infra.journal import (
+    Journal,
+    JournalReader,
+    journal_location,
+    local_store,
+    open_journal,
+    open_journal_reader,
+)
 from memstream.infra.metrics import Metrics
+from memstream.infra.settings import Settings
 from memstream.infra.tokenizer import count_message_tokens
 from memstream.schemas.events import decode, message_of, thread_event
 from memstream.schemas.records import NewMessage, ThreadRef, ToolCall
@@ -266,3 +274,26 @@ async def test_broken_store_is_journal_unavailable(journal_dir: Path) -> None:
 async def test_reader_of_a_missing_journal_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(JournalUnavailable):
         await JournalReader.open(local_store(tmp_path), "never-created")
+
+
+async def test_settings_open_a_local_journal_and_a_follower(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    j = await open_journal(settings, FixedClock())
+    reader = None
+    try:
+        await j.append(T1, [user("from settings")])
+        assert (tmp_path / "journal").is_dir()
+        reader = await open_journal_reader(settings)
+        assert await reader.wait_for(T1, 0, timeout=5.0)
+    finally:
+        if reader is not None:
+            await reader.close()
+        await j.close()
+
+
+async def test_journal_url_must_be_a_known_scheme(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        journal_location(Settings(data_dir=tmp_path, journal_url="file:///tmp/x"))
+    assert e.value.field == "journal_url"
+    _, path = journal_location(Settings(journal_url="s3://bucket/some/prefix"))
+    assert path == "some/prefix/journal"

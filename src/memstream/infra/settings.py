@@ -32,6 +32,14 @@ class Settings(BaseSettings):
     journal_path: str = Field(default="journal", description="DB path inside the store.")
     journal_flush_interval_ms: int = Field(default=5, ge=1, le=1000)
     journal_max_batch: int = Field(default=512, ge=1)
+    journal_eager_flush: bool = Field(
+        default=True,
+        description="Flush the WAL right after each group commit instead of waiting for the "
+        "next flush tick (lower latency; one object-store PUT per batch).",
+    )
+    journal_reader_poll_ms: int = Field(
+        default=20, ge=1, description="Manifest poll of journal readers in other processes."
+    )
 
     # --- kafka ------------------------------------------------------------------------------
     kafka_bootstrap: str = Field(default="", description="host:port[,host:port]; empty = embedded.")

@@ -68,6 +68,7 @@ async def open_journal(
         flush_interval_ms=settings.journal_flush_interval_ms,
         clock=clock,
         max_batch=settings.journal_max_batch,
+        eager_flush=settings.journal_eager_flush,
         metrics=metrics,
     )
 
@@ -75,4 +76,4 @@ async def open_journal(
 async def open_journal_reader(settings: Settings) -> JournalReader:
     """A read-only follower of the journal the settings describe."""
     store, path = journal_location(settings)
-    return await JournalReader.open(store, path)
+    return await JournalReader.open(store, path, poll_interval_ms=settings.journal_reader_poll_ms)
