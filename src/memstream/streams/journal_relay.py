@@ -1,0 +1,267 @@
+"""The journal relay: publishes the journal's global sequence to the Kafka ``journal`` topic.
+
+The journal (SlateDB) is the source of truth; Kafka is how processors hear about it. The
+relay reads the sequenced envelopes after its watermark (``read_seq``), publishes each to
+``<prefix>journal`` keyed by its thread (``account/agent/thread``), and only once Kafka
+acknowledged all of them advances the watermark in the journal (``set_relay_watermark``).
+
+Guarantees:
+
+* **At-least-once, nothing lost.** A seq is recorded as published only after Kafka
+  acknowledged it. After a crash, a broker outage or a failed watermark write, the relay
+  starts again from the recorded watermark, so records may be published again. A re-published
+  record is byte-identical (same deterministic event id): consumers dedupe by id.
+  ``stats.republished`` counts the records that may have been published twice.
+* **Never reordered within a thread.** Records are read in global-sequence order, a thread
+  always maps to one partition, and :meth:`Bus.publish_many` never lets a later record of a
+  partition through before an earlier one that failed. A retry re-sends from the watermark.
+* **Appends never wait for Kafka.** The relay runs beside the journal writer; when Kafka is
+  down, appends keep succeeding, the relay retries with exponential backoff
+  (``min_backoff`` → ``max_backoff``) and catches up when Kafka returns.
+* **Poison records** (a sequenced value that is not a valid envelope) go to the dead-letter
+  topic as data and the relay moves on.
+
+Wake-up: :meth:`JournalRelay.notify` (call it after an append) wakes the relay at once;
+otherwise it polls the journal every ``poll_interval`` seconds.
+``backlog`` (last seq seen in the journal minus the watermark) is the lag to export.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from memstream.clock import Clock, SystemClock, epoch_ms
+from memstream.errors import InfraError, JournalError, JournalFenced
+from memstream.infra.kafka.bus import Bus
+from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
+from memstream.schemas.topics import Topics
+
+__all__ = ["JournalRelay", "RelaySource", "RelayStats", "plan_batch"]
+
+log = logging.getLogger(__name__)
+
+PROCESSOR = "journal-relay"
+
+
+class RelaySource(Protocol):
+    """What the relay needs from the journal (``memstream.infra.journal.Journal`` has it)."""
+
+    async def read_seq(self, after_seq: int, limit: int) -> list[tuple[int, bytes]]: ...
+    async def last_seq(self) -> int: ...
+    async def relay_watermark(self) -> int: ...
+    async def set_relay_watermark(self, seq: int) -> None: ...
+
+
+@dataclass(slots=True)
+class RelayStats:
+    published: int = 0  # records acknowledged by Kafka (re-publications included)
+    republished: int = 0  # records re-sent after a failure (upper bound on duplicates)
+    batches: int = 0
+    failures: int = 0  # failed attempts (Kafka or journal)
+    dead_lettered: int = 0
+    last_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One pass of the relay: records for the journal topic and poison for the DLQ."""
+
+    records: list[tuple[str, bytes]]
+    poison: list[tuple[str, bytes]]
+    last_seq: int
+
+
+def thread_key(env: Envelope) -> str:
+    """Kafka key of a journal event: ``account/agent/thread`` (``account/agent`` without one)."""
+    if env.thread_id is None:
+        return f"{env.account_id}/{env.agent_id}"
+    return f"{env.account_id}/{env.agent_id}/{env.thread_id}"
+
+
+def plan_batch(rows: Sequence[tuple[int, bytes]], journal_topic: str, ts: int) -> Planned:
+    """Pure rule: turn sequenced journal rows into keyed records (and dead letters).
+
+    The value published is the journal's bytes unchanged, so a re-publication is identical.
+    """
+    records: list[tuple[str, bytes]] = []
+    poison: list[tuple[str, bytes]] = []
+    for seq, raw in rows:
+        try:
+            env = decode(raw)
+        except DecodeError as exc:
+            letter = dead_letter(
+                raw=raw,
+                error=f"{exc.field}: {exc.message}",
+                processor=PROCESSOR,
+                topic=journal_topic,
+                partition=-1,
+                offset=seq,
+                key=None,
+                ts=ts,
+            )
+            poison.append((PROCESSOR, encode(letter)))
+            continue
+        records.append((thread_key(env), raw))
+    return Planned(records, poison, rows[-1][0] if rows else 0)
+
+
+class JournalRelay:
+    """Relays the journal's sequence to Kafka. ``await start()``; ``await stop()``."""
+
+    def __init__(
+        self,
+        journal: RelaySource,
+        bus: Bus,
+        topics: Topics,
+        *,
+        batch_size: int = 500,
+        poll_interval: float = 0.05,
+        min_backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self._journal = journal
+        self._bus = bus
+        self._topics = topics
+        self._batch_size = max(1, batch_size)
+        self._poll_interval = poll_interval
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._clock = clock or SystemClock()
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self._watermark = 0
+        self._last_seq = 0
+        self._failed_upto = 0  # highest seq attempted in a failed pass: later sends repeat it
+        self.stats = RelayStats()
+
+    # --- state -----------------------------------------------------------------------------
+    @property
+    def watermark(self) -> int:
+        """Highest seq known published (and recorded in the journal)."""
+        return self._watermark
+
+    @property
+    def backlog(self) -> int:
+        """Sequenced records not yet published (last seq seen minus the watermark)."""
+        return max(0, self._last_seq - self._watermark)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def notify(self) -> None:
+        """New records are in the journal: wake the relay now instead of at the next poll."""
+        self._wake.set()
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Read the watermark and start relaying in the background. Raises JournalError."""
+        if self.running:
+            return
+        self._watermark = await self._journal.relay_watermark()
+        self._last_seq = max(self._watermark, await self._journal.last_seq())
+        log.info(
+            "journal relay starting at watermark %d (backlog %d)", self._watermark, self.backlog
+        )
+        self._task = asyncio.create_task(self._run(), name="journal-relay")
+
+    async def stop(self) -> None:
+        """Stop relaying (what is not yet published stays in the journal for next time)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def wait_caught_up(self, timeout: float) -> bool:
+        """Wait until everything appended so far is published; False on timeout."""
+        target = await self._journal.last_seq()
+        self._last_seq = max(self._last_seq, target)
+        self.notify()
+        try:
+            async with asyncio.timeout(timeout), self._progress:
+                await self._progress.wait_for(lambda: self._watermark >= target)
+        except TimeoutError:
+            return False
+        return True
+
+    # --- the loop --------------------------------------------------------------------------
+    async def run_once(self) -> int:
+        """One pass: publish up to ``batch_size`` records after the watermark, then record
+        the new watermark. Returns how many sequenced records it covered (0 = caught up).
+        Raises InfraError (Kafka) or JournalError; the watermark is then unchanged."""
+        rows = await self._journal.read_seq(self._watermark, self._batch_size)
+        if not rows:
+            return 0
+        plan = plan_batch(rows, self._topics.journal, epoch_ms(self._clock.now()))
+        self._last_seq = max(self._last_seq, plan.last_seq)
+        if not self._bus.started:
+            await self._bus.start()
+        try:
+            if plan.poison:
+                await self._bus.publish_many(self._topics.dlq, plan.poison)
+            await self._bus.publish_many(self._topics.journal, plan.records)
+        except BaseException:
+            self._failed_upto = max(self._failed_upto, plan.last_seq)
+            raise
+        if self._failed_upto > self._watermark:
+            self.stats.republished += sum(1 for s, _ in rows if s <= self._failed_upto)
+        self.stats.published += len(plan.records)
+        self.stats.dead_lettered += len(plan.poison)
+        self.stats.batches += 1
+        try:
+            await self._journal.set_relay_watermark(plan.last_seq)
+        except BaseException:
+            self._failed_upto = max(self._failed_upto, plan.last_seq)
+            raise
+        async with self._progress:
+            self._watermark = plan.last_seq
+            self._progress.notify_all()
+        for _, raw in plan.poison:
+            log.error("journal relay: poison record sent to %s: %s", self._topics.dlq, raw[:200])
+        return len(rows)
+
+    async def _run(self) -> None:
+        backoff = self._min_backoff
+        while True:
+            # cleared before reading: a notify() during the pass triggers another pass
+            self._wake.clear()
+            try:
+                n = await self.run_once()
+            except JournalFenced:
+                log.error("journal relay: the journal writer was fenced; relay stops")
+                return
+            except (InfraError, JournalError) as exc:
+                self.stats.failures += 1
+                self.stats.last_error = exc.message
+                log.warning(
+                    "journal relay: publishing after seq %d failed (%s); retrying in %.1fs",
+                    self._watermark,
+                    exc.message.splitlines()[0],
+                    backoff,
+                )
+                if isinstance(exc, InfraError):
+                    await self._bus.reset()
+                await asyncio.sleep(backoff)
+                backoff = min(self._max_backoff, backoff * 2)
+                continue
+            if backoff > self._min_backoff:
+                log.info("journal relay: publishing again, watermark %d", self._watermark)
+            backoff = self._min_backoff
+            if n >= self._batch_size:
+                continue  # more is waiting: no sleep while catching up
+            await self._idle()
+
+    async def _idle(self) -> None:
+        """Sleep until notified or ``poll_interval`` passed; refresh the backlog."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+        with contextlib.suppress(JournalError):
+            self._last_seq = max(self._last_seq, await self._journal.last_seq())
