@@ -14,6 +14,7 @@ from memstream.clock import Clock, SystemClock
 from memstream.errors import InfraError
 
 if TYPE_CHECKING:
+    from memstream.agents_ctx.memory.store import MemoryService
     from memstream.infra.accounts import Accounts
     from memstream.infra.journal import Journal
     from memstream.infra.llm.ports import SummaryModel
@@ -34,6 +35,7 @@ class Services:
     message_store: MessageStore | None = None  # transcript search (ClickHouse projection)
     summary_model: SummaryModel | None = None  # utility model for search summaries
     summary_store: SummaryStore | None = None  # thread summaries (object store + Redis cache)
+    memory: MemoryService | None = None  # agent memory tools (Postgres + index)
 
     def need_journal(self) -> Journal:
         if self.journal is None:

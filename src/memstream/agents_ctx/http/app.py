@@ -16,6 +16,7 @@ from memstream.agents_ctx.http import (
     admin_routes,
     errors,
     journal_routes,
+    memory_routes,
     summary_routes,
     threads_routes,
 )
@@ -66,4 +67,5 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(admin_routes.router)
     app.include_router(journal_routes.router)
     app.include_router(summary_routes.router)
+    app.include_router(memory_routes.router)
     return app

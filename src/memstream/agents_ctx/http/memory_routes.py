@@ -1,0 +1,79 @@
+"""The memory tools over HTTP: ``POST /v1/agents/{agent_id}/memory/store|recall|forget``.
+
+Bodies are parsed by hand so every error names its field; the rules themselves live in
+``agents_ctx.memory`` (``MemoryService``). Answers, as ARCHITECTURE.md gives them:
+
+- store  → ``{"status": "created" | "unchanged" | "replaced", "entry": entry}``
+- recall → ``{"results": [entry + "score"], "source": "index" | "fallback"}``
+- forget → ``{"forgotten": bool}``
+
+Errors: ``invalid_request`` (with ``field``), ``prompt_injection``,
+``private_requires_user``, ``content_too_long`` (422) and ``capacity_exceeded`` (409).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import orjson
+from fastapi import APIRouter, Request
+
+from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
+from memstream.agents_ctx.http.responses import JSONResponse
+from memstream.agents_ctx.memory.store import MemoryService
+from memstream.agents_ctx.services import Services
+from memstream.errors import InfraError, InvalidRequest
+from memstream.schemas.records import JSONObject
+
+router = APIRouter(prefix="/v1/agents/{agent_id}")
+
+
+def _memory(svc: Services) -> MemoryService:
+    if svc.memory is None:
+        raise InfraError("agent memory is not available in this process")
+    return svc.memory
+
+
+async def _body(request: Request) -> Mapping[str, object]:
+    raw = await request.body()
+    try:
+        obj = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(f"the body is not valid JSON: {e}", field="body") from None
+    if not isinstance(obj, dict):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    return obj
+
+
+@router.post("/memory/store")
+async def memory_store(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
+    body = await _body(request)
+    result = await _memory(svc).store(
+        caller,
+        key=body.get("key"),
+        content=body.get("content"),
+        category=body.get("category"),
+        scope=body.get("scope"),
+        importance=body.get("importance"),
+    )
+    return JSONResponse({"status": result.status, "entry": result.entry.to_dict()})
+
+
+@router.post("/memory/recall")
+async def memory_recall(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
+    body = await _body(request)
+    result = await _memory(svc).recall(
+        caller, body.get("query"), limit=body.get("limit"), category=body.get("category")
+    )
+    results: list[JSONObject] = []
+    for entry, score in result.results:
+        item = entry.to_dict()
+        item["score"] = score
+        results.append(item)
+    return JSONResponse({"results": results, "source": result.source})
+
+
+@router.post("/memory/forget")
+async def memory_forget(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
+    body = await _body(request)
+    return JSONResponse({"forgotten": await _memory(svc).forget(caller, body.get("key"))})
