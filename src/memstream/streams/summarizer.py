@@ -99,7 +99,9 @@ class SummarizerProcessor(Processor):
         journal_wait_s: float = 5.0,
         flush_timeout_s: float = 30.0,
         clock: Clock | None = None,
+        name: str = "summarizer",
     ) -> None:
+        self.name = name  # another name means another consumer group (tests race two)
         self._journal = journal
         self._state = state
         self._store = store

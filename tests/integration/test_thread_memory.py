@@ -1,0 +1,369 @@
+"""Thread memory against real Redis (Valkey), a real SlateDB journal, a real obstore folder
+and real Postgres: thresholds, progressive summaries, races, crashes, the flush, Redis wipes.
+
+The processors' handlers are driven directly here (no broker) so each rule is tested alone;
+``test_thread_memory_kafka.py`` runs the same processors end to end through Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+from obstore.store import LocalStore
+
+from memstream.agents_ctx.memory.store import MemoryService
+from memstream.clock import FixedClock
+from memstream.errors import Conflict
+from memstream.infra.accounts import Accounts
+from memstream.infra.journal import Journal
+from memstream.infra.llm import ExtractedFact, ExtractiveSummaryModel, RuleFactExtractor
+from memstream.infra.summary_store import SummaryStore, summary_path
+from memstream.infra.thread_state import ThreadState
+from memstream.schemas.records import Message, NewMessage, Summary, ThreadRef
+from memstream.streams.counters import CountersProcessor
+from memstream.streams.summarizer import SummarizerProcessor
+
+
+def new_ref(account: str = "acc") -> ThreadRef:
+    return ThreadRef(account, f"agent-{uuid.uuid4().hex[:8]}", f"thr-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def objects(tmp_path: Path) -> LocalStore:
+    return LocalStore(prefix=tmp_path / "objects", mkdir=True)
+
+
+@pytest.fixture
+def store(objects: LocalStore, redis_client: aioredis.Redis) -> SummaryStore:
+    return SummaryStore(objects, redis_client)
+
+
+@pytest.fixture
+def state(redis_client: aioredis.Redis) -> ThreadState:
+    return ThreadState(redis_client)
+
+
+@pytest.fixture
+def counters(state: ThreadState, store: SummaryStore) -> CountersProcessor:
+    return CountersProcessor(state, store, claim_ttl_s=3600, guard_ttl_s=600, clock=FixedClock())
+
+
+def summarizer(
+    journal: Journal, state: ThreadState, store: SummaryStore, **kw: object
+) -> SummarizerProcessor:
+    kw.setdefault("token_budget", 200)
+    kw.setdefault("clock", FixedClock())
+    return SummarizerProcessor(journal, state, store, ExtractiveSummaryModel(), **kw)  # type: ignore[arg-type]
+
+
+async def append(journal: Journal, ref: ThreadRef, texts: Sequence[str]) -> list[Message]:
+    return await journal.append(ref, [NewMessage(role="user", content=t) for t in texts])
+
+
+def chatter(n: int, start: int = 0) -> list[str]:
+    return [
+        f"Message {i}: the build on branch b{i} passed its checks." for i in range(start, start + n)
+    ]
+
+
+async def count_all(c: CountersProcessor, msgs: Sequence[Message]) -> list[int]:
+    """Indexes of the messages whose counting asked for a summary."""
+    out = []
+    for i, m in enumerate(msgs):
+        if await c.count(m) is not None:
+            out.append(i)
+    return out
+
+
+# --- thresholds ----------------------------------------------------------------------------
+async def test_49_messages_no_summary_the_50th_one(
+    journal: Journal, counters: CountersProcessor
+) -> None:
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(50))
+    assert sum(m.token_count for m in msgs) < 2_000
+    asks = await count_all(counters, msgs[:49])
+    assert asks == []
+    request = await counters.count(msgs[49])
+    assert request is not None
+    assert request.type == "summary.requested"
+    assert request.data["up_to_offset"] == 49
+    assert request.data["from_offset"] == 0
+    assert request.data["message_count"] == 50
+    # The guard: later messages of the same unsummarized span ask for nothing more.
+    more = await append(journal, ref, chatter(5, 50))
+    assert await count_all(counters, more) == []
+
+
+async def test_token_threshold_crosses_first(journal: Journal, counters: CountersProcessor) -> None:
+    ref = new_ref()
+    big = " ".join(["alpha"] * 700)  # 700 tokens
+    msgs = await append(journal, ref, [big, big, "short one", big])
+    assert [m.token_count for m in msgs[:2]] == [700, 700]
+    # 700, 1400, ~1403: no summary; 2,103 tokens after the 4th message (4 < 50): one.
+    assert await count_all(counters, msgs) == [3]
+
+
+async def test_redelivered_messages_are_counted_once(
+    journal: Journal, counters: CountersProcessor, state: ThreadState
+) -> None:
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(10))
+    await count_all(counters, msgs)
+    await count_all(counters, msgs)  # a replay
+    tokens, messages = await state.counters(ref)
+    assert messages == 10
+    assert tokens == sum(m.token_count for m in msgs)
+
+
+async def test_redelivered_crossing_message_republishes_the_same_request(
+    journal: Journal, counters: CountersProcessor
+) -> None:
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(50))
+    await count_all(counters, msgs[:49])
+    first = await counters.count(msgs[49])
+    again = await counters.count(msgs[49])  # crash before the commit: same record again
+    assert first is not None and again is not None
+    assert first.id == again.id  # deterministic id per span end: consumers dedupe
+
+
+# --- summaries -----------------------------------------------------------------------------
+async def test_summary_progressive_chaining_and_counter_reset(
+    journal: Journal, counters: CountersProcessor, state: ThreadState, store: SummaryStore
+) -> None:
+    ref = new_ref()
+    s = summarizer(journal, state, store)
+    first = await append(journal, ref, ["Hi, my name is Ada Lovelace and I live in London."])
+    first += await append(journal, ref, chatter(49))
+    assert await count_all(counters, first) == [49]
+    v1 = await s.summarize(ref, 49)
+    assert v1 is not None and v1.version == 1
+    assert v1.last_message_offset == 49 and v1.last_message_id == first[-1].message_id
+    assert v1.message_count == 50
+    assert "Ada Lovelace" in v1.content
+    assert await state.counters(ref) == (0, 0)  # the span was subtracted
+    # The next 50 messages cross again; v2 is built from v1's content.
+    second = await append(journal, ref, chatter(50, 100))
+    assert await count_all(counters, second) == [49]
+    v2 = await s.summarize(ref, 99)
+    assert v2 is not None and v2.version == 2
+    assert v2.message_count == 100
+    assert "Ada Lovelace" in v2.content  # carried over from v1
+    assert any(f"b{i}" in v2.content for i in range(100, 150))
+    got = await store.get(ref)
+    assert got == v2
+
+
+async def test_redelivered_request_is_a_noop(
+    journal: Journal, counters: CountersProcessor, state: ThreadState, store: SummaryStore
+) -> None:
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(50))
+    await count_all(counters, msgs)
+    s = summarizer(journal, state, store)
+    assert (await s.summarize(ref, 49)) is not None
+    assert (await s.summarize(ref, 49)) is None
+    assert (await s.summarize(ref, 10)) is None
+    got = await store.get(ref)
+    assert got is not None and got.version == 1
+    assert await store.get_version(ref, 2) is None
+
+
+async def test_two_summarizers_racing_write_dense_versions(
+    journal: Journal, counters: CountersProcessor, state: ThreadState, store: SummaryStore
+) -> None:
+    ref = new_ref()
+    a = summarizer(journal, state, store)
+    b = summarizer(journal, state, store)
+    for round_ in range(3):
+        msgs = await append(journal, ref, chatter(50, round_ * 50))
+        await count_all(counters, msgs)
+        up_to = msgs[-1].offset
+        # Both workers get the request (a rebalance redelivery), several times each.
+        results = await asyncio.gather(*(w.summarize(ref, up_to) for w in (a, b, a, b)))
+        assert sum(r is not None for r in results) == 1
+    versions = [await store.get_version(ref, v) for v in range(1, 5)]
+    assert [v.version for v in versions if v is not None] == [1, 2, 3]
+    assert [v.last_message_offset for v in versions if v is not None] == [49, 99, 149]
+
+
+async def test_store_race_exactly_one_writer_per_version(store: SummaryStore) -> None:
+    ref = new_ref()
+    t = FixedClock().now()
+
+    def version(n: int, who: int) -> Summary:
+        return Summary(n, t, n * 10, f"m{n}", f"writer {who}", 2, n * 10)
+
+    for n in (1, 2, 3):
+        outcomes = await asyncio.gather(
+            *(store.write(ref, version(n, w), n - 1) for w in range(6)), return_exceptions=True
+        )
+        assert sum(o is None for o in outcomes) == 1
+        assert all(isinstance(o, Conflict) for o in outcomes if o is not None)
+    latest = await store.get_stored(ref)
+    assert latest is not None and latest.version == 3
+    with pytest.raises(Conflict):  # a gap is refused too
+        await store.write(ref, version(6, 0), 5)
+
+
+async def test_crash_after_taking_the_lock_expires_then_done_once(
+    journal: Journal, counters: CountersProcessor, state: ThreadState, store: SummaryStore
+) -> None:
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(50))
+    await count_all(counters, msgs)
+    crashed = await state.try_lock(ref, 1.0)  # a worker took the lock and died
+    assert crashed is not None
+    s = summarizer(journal, state, store, lock_ttl_s=1.0)
+    started = time.monotonic()
+    out = await asyncio.gather(s.summarize(ref, 49), s.summarize(ref, 49))
+    assert time.monotonic() - started >= 0.5  # it waited for the expiry
+    assert sum(o is not None for o in out) == 1
+    assert await store.get_version(ref, 2) is None
+
+
+async def test_wiping_redis_changes_nothing_read_back(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    redis_client: aioredis.Redis,
+    objects: LocalStore,
+) -> None:
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(50))
+    await count_all(counters, msgs)
+    written = await summarizer(journal, state, store).summarize(ref, 49)
+    assert written is not None
+    assert await store.get(ref) == written
+    await redis_client.flushdb()
+    assert await store.get(ref) == written  # from object storage, and the cache refilled
+    assert await redis_client.ttl(f"ms:{{{ref.key}}}:summary") > 3_000
+    fresh = SummaryStore(objects, redis_client)
+    assert await fresh.get(ref) == written
+    # A replay after the wipe does not re-count what is already summarized.
+    assert await count_all(counters, msgs) == []
+    assert await state.counters(ref) == (0, 0)
+
+
+async def test_summary_json_is_at_the_spec_path(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    tmp_path: Path,
+) -> None:
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(50))
+    await count_all(counters, msgs)
+    await summarizer(journal, state, store).summarize(ref, 49)
+    path = tmp_path / "objects" / summary_path(ref)
+    assert path.is_file()
+    assert str(summary_path(ref)) == (
+        f"accounts/{ref.account_id}/agents/{ref.agent_id}/threads/{ref.thread_id}/summary.json"
+    )
+    import orjson
+
+    doc = orjson.loads(path.read_bytes())
+    assert set(doc) == {
+        "version",
+        "timestamp",
+        "last_message_offset",
+        "last_message_id",
+        "content",
+        "token_count",
+        "message_count",
+    }
+
+
+# --- pre-compaction flush ------------------------------------------------------------------
+class FailingExtractor:
+    async def extract(self, messages: Sequence[Message]) -> list[ExtractedFact]:
+        raise RuntimeError("model went away")
+
+
+FACTS = [
+    "Hi, my name is Ada Lovelace.",
+    "We use Postgres for the ledger.",
+    "I prefer short answers.",
+]
+
+
+async def entries(pool: asyncpg.Pool, ref: ThreadRef) -> list[tuple[str, str, str]]:
+    rows = await pool.fetch(
+        "SELECT key, category, visibility FROM memory_entries"
+        " WHERE account_id=$1 AND agent_id=$2 ORDER BY key",
+        ref.account_id,
+        ref.agent_id,
+    )
+    return [(r["key"], r["category"], r["visibility"]) for r in rows]
+
+
+@pytest.mark.parametrize("bound", [True, False])
+async def test_flush_only_when_memory_is_bound(
+    bound: bool,
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    pg_pool: asyncpg.Pool,
+) -> None:
+    ref = new_ref()
+    accounts = Accounts(pg_pool)
+    await accounts.ensure_account(ref.account_id)
+    await accounts.configure_agent(ref.account_id, ref.agent_id, memory=bound)
+    msgs = await journal.append(
+        ref, [NewMessage(role="user", content=t, user_id="u1") for t in FACTS]
+    )
+    msgs += await append(journal, ref, chatter(47))
+    await count_all(counters, msgs)
+    s = summarizer(
+        journal,
+        state,
+        store,
+        agents=accounts,
+        extractor=RuleFactExtractor(),
+        memory=MemoryService(pg_pool, FixedClock()),
+    )
+    assert await s.summarize(ref, 49) is not None
+    got = await entries(pg_pool, ref)
+    if bound:
+        assert ("user.name", "user_profile", "private") in got
+        assert ("user.prefers.short-answers", "user_profile", "private") in got
+        assert any(k.startswith("project.uses.") and c == "project_fact" for k, c, _ in got)
+    else:
+        assert got == []
+
+
+async def test_failing_flush_still_yields_the_summary(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    pg_pool: asyncpg.Pool,
+) -> None:
+    ref = new_ref()
+    accounts = Accounts(pg_pool)
+    await accounts.ensure_account(ref.account_id)
+    await accounts.configure_agent(ref.account_id, ref.agent_id, memory=True)
+    msgs = await append(journal, ref, FACTS + chatter(47))
+    await count_all(counters, msgs)
+    s = summarizer(
+        journal,
+        state,
+        store,
+        agents=accounts,
+        extractor=FailingExtractor(),
+        memory=MemoryService(pg_pool, FixedClock()),
+    )
+    written = await s.summarize(ref, 49)
+    assert written is not None and written.version == 1
+    assert await entries(pg_pool, ref) == []
