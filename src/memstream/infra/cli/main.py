@@ -270,6 +270,8 @@ def produce(
 
 
 def main() -> None:
+    from memstream.infra.cli import ops  # noqa: F401 - registers lag and dlq commands
+
     with contextlib.suppress(BrokenPipeError):
         app()
 

@@ -1,0 +1,157 @@
+"""Operator commands: ``memstream lag`` and ``memstream dlq list|retry``.
+
+They talk to Kafka only (the bootstrap comes from ``MEMSTREAM_KAFKA_BOOTSTRAP`` or the
+state file of a running ``memstream up``), so they work against any deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Annotated
+
+import orjson
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from memstream.infra.cli.main import DataDir, app, err, out, run, settings_for_running
+from memstream.schemas.topics import JOURNAL, MEMORY, SUMMARIES, Topics
+
+#: every processor and the topic it consumes (names as ``memstream worker`` takes them)
+PROCESSOR_TOPICS: dict[str, str] = {
+    "counters": JOURNAL,
+    "summarizer": SUMMARIES,
+    "message-projector": JOURNAL,
+    "memory-projector": MEMORY,
+}
+
+dlq_app = typer.Typer(
+    help="Dead letters: events a processor could not handle.", no_args_is_help=True
+)
+app.add_typer(dlq_app, name="dlq")
+
+
+def _bootstrap(data_dir: object) -> tuple[str, Topics]:
+    s = settings_for_running(data_dir)  # type: ignore[arg-type]
+    if not s.kafka_bootstrap:
+        err.print("[red]no Kafka address[/]: set MEMSTREAM_KAFKA_BOOTSTRAP or pass --data-dir")
+        raise typer.Exit(2)
+    return s.kafka_bootstrap, Topics(s.topic_prefix)
+
+
+def _lag_table(rows: list[object]) -> Table:
+    table = Table(title="consumer lag")
+    for col in ("group", "topic", "partition", "committed", "end", "lag", "since commit"):
+        table.add_column(col, justify="right" if col not in ("group", "topic") else "left")
+    for r in rows:
+        d = r.to_dict()  # type: ignore[attr-defined]
+        since = d["since_commit_s"]
+        table.add_row(
+            d["group"],
+            d["topic"],
+            str(d["partition"]),
+            "-" if d["committed"] is None else str(d["committed"]),
+            str(d["end_offset"]),
+            str(d["lag"]),
+            "-" if since is None else f"{since:.1f}s",
+        )
+    return table
+
+
+@app.command()
+def lag(
+    data_dir: DataDir = None,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh a live table.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
+    max_lag: Annotated[
+        int | None, typer.Option("--max-lag", help="Exit 1 if any lag exceeds this.")
+    ] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
+) -> None:
+    """Consumer lag per processor group and partition (committed, end, lag, since commit)."""
+    from memstream.streams.lag import LagWatcher, consumer_lag, processor_groups
+    from memstream.streams.lag import max_lag as biggest
+
+    bootstrap, _ = _bootstrap(data_dir)
+    s = settings_for_running(data_dir)
+    groups = processor_groups(s, PROCESSOR_TOPICS)
+
+    if not watch:
+        rows = run(consumer_lag(bootstrap, groups))
+        assert isinstance(rows, list)
+        if as_json:
+            print(orjson.dumps([r.to_dict() for r in rows]).decode())
+        else:
+            out.print(_lag_table(rows))
+        if max_lag is not None and biggest(rows) > max_lag:
+            err.print(f"lag {biggest(rows)} exceeds --max-lag {max_lag}")
+            raise typer.Exit(1)
+        return
+
+    async def loop() -> None:
+        watcher = LagWatcher(bootstrap, groups)
+        with Live(console=out, refresh_per_second=4) as live:
+            while True:
+                rows = await watcher.poll()
+                if as_json:
+                    print(
+                        orjson.dumps(
+                            {"ts": time.time(), "rows": [r.to_dict() for r in rows]}
+                        ).decode()
+                    )
+                else:
+                    live.update(_lag_table(list(rows)))
+                await asyncio.sleep(interval)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        run(loop())
+
+
+@dlq_app.command("list")
+def dlq_list(
+    data_dir: DataDir = None,
+    limit: Annotated[int, typer.Option(min=1)] = 100,
+    processor: Annotated[str | None, typer.Option()] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The most recent dead letters, oldest first."""
+    from memstream.streams.dlq import list_dead_letters
+
+    bootstrap, topics = _bootstrap(data_dir)
+    letters = run(list_dead_letters(bootstrap, topics, limit, processor=processor))
+    assert isinstance(letters, list)
+    if as_json:
+        print(orjson.dumps(letters).decode())  # dataclasses serialise natively
+        return
+    table = Table(title=f"{len(letters)} dead letter(s)")
+    for col in ("id", "processor", "origin", "error"):
+        table.add_column(col)
+    for d in letters:
+        table.add_row(
+            d.id,
+            d.processor,
+            f"{d.origin_topic}/{d.origin_partition}@{d.origin_offset}",
+            d.error[:120],
+        )
+    out.print(table)
+
+
+@dlq_app.command("retry")
+def dlq_retry(
+    ids: Annotated[list[str] | None, typer.Argument(help="Dead-letter ids (default: all).")] = None,
+    data_dir: DataDir = None,
+    processor: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Re-publish dead letters to their origin topics with their original keys."""
+    from memstream.streams.dlq import retry_dead_letters
+
+    bootstrap, topics = _bootstrap(data_dir)
+    report = run(retry_dead_letters(bootstrap, topics, ids or None, processor=processor))
+    out.print(
+        f"republished {len(report.republished)}, skipped {len(report.skipped_lossy)} lossy, "  # type: ignore[attr-defined]
+        f"{len(report.missing)} not found"  # type: ignore[attr-defined]
+    )
+    if report.missing or report.skipped_lossy:  # type: ignore[attr-defined]
+        raise typer.Exit(1)
