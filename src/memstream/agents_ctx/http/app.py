@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request, Response
 from memstream import __version__
 from memstream.agents_ctx.http import (
     admin_routes,
+    context_routes,
     errors,
     journal_routes,
     memory_routes,
@@ -68,4 +69,5 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(journal_routes.router)
     app.include_router(summary_routes.router)
     app.include_router(memory_routes.router)
+    app.include_router(context_routes.router)
     return app

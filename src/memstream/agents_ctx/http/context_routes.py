@@ -1,0 +1,33 @@
+"""``GET /v1/agents/{agent_id}/threads/{thread_id}/context``: one turn's context.
+
+Answers ``{"messages": [{"role", "content"}], "pinned": [entry], "summary": summary or null,
+"window": n}`` (see ``agents_ctx.context`` for the order and the guarantees). Window
+messages that carry tool calls keep ``tool_calls`` / ``tool_call_id``.
+
+Query parameters, for a delegated sub-agent: ``parent_thread_id`` (the thread it was
+delegated from) and optionally ``parent_agent_id`` (default: the same agent). The sub-agent
+inherits the parent's pinned entries and starts with an empty conversation and no summary.
+
+Errors: 404 ``not_found`` for a deleted thread or an unknown parent thread; 503
+``journal_unavailable`` when the journal cannot be read (never a stale window).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from memstream.agents_ctx.context import ContextReader, parse_parent
+from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
+from memstream.agents_ctx.http.responses import JSONResponse
+
+router = APIRouter(prefix="/v1/agents/{agent_id}")
+
+
+@router.get("/threads/{thread_id}/context")
+async def get_context(
+    thread_id: str, request: Request, caller: CallerDep, svc: ServicesDep
+) -> JSONResponse:
+    q = request.query_params
+    parent = parse_parent(q.get("parent_thread_id"), q.get("parent_agent_id"), caller.agent_id)
+    ctx = await ContextReader.from_services(svc).context(caller, thread_id, parent)
+    return JSONResponse(ctx.to_dict())
