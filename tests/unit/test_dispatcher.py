@@ -47,6 +47,9 @@ class Batchy(Flaky):
     batch_max = 10
 
     async def handle_batch(self, items: Sequence[Received]) -> None:
+        self.calls += 1
+        if self.calls <= self.transient:
+            raise RetryableInfraError("clickhouse away")
         if any(i.envelope.thread_id in self.crash_on for i in items):
             raise ValueError("batch insert refused")
         self.handled += [i.envelope.thread_id or "" for i in items]
@@ -134,6 +137,17 @@ async def test_failed_batch_is_split_and_only_the_bad_record_dead_lettered() -> 
     ).dispatch(records)
     assert p.handled == ["t0", "t1", "t3"]
     assert [decode(v).data["origin_offset"] for _, _, v in out.records] == [2]
+
+
+async def test_batch_that_exhausts_retries_is_dead_lettered_whole_without_splitting() -> None:
+    p, out = Batchy(transient=99), Out()
+    records = [rec(i, ev(f"t{i}")) for i in range(4)]
+    await Dispatcher(
+        p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+    ).dispatch(records)
+    assert p.handled == []
+    assert p.calls == 3  # one batch, three tries, no per-record retries
+    assert [decode(v).data["origin_offset"] for _, _, v in out.records] == [0, 1, 2, 3]
 
 
 async def test_dead_letter_publish_is_retried_until_the_broker_answers() -> None:

@@ -15,8 +15,10 @@ raw bytes, offsets to commit, or the dead-letter topic.
 - any other exception, or retries exhausted, sends the record to the dead-letter topic
   (a ``dlq.dead_letter`` envelope keyed by the original key, carrying the error, the
   processor name, origin topic/partition/offset and the raw payload) and processing goes on;
-- a failed batch is retried one record at a time, so only the records that fail on their
-  own are dead-lettered (the others may therefore be handled twice: handlers are idempotent);
+- a batch that failed permanently is retried one record at a time, so only the records that
+  fail on their own are dead-lettered (the others may therefore be handled twice: handlers
+  are idempotent); a batch whose retries were exhausted is dead-lettered whole (no record is
+  to blame; ``memstream dlq retry`` re-publishes it once the store is back);
 - :meth:`Dispatcher.dispatch` returns only once every record of the batch was either handled
   or durably written to the dead-letter topic; the faust glue acks (commits) only then.
   Publishing to the dead-letter topic is retried until it succeeds or the task is cancelled,
@@ -189,7 +191,12 @@ class Dispatcher:
         started = time.perf_counter()
         if good:
             error = await self._run(good)
-            if error is not None and len(good) > 1:
+            if isinstance(error, RetryableInfraError):
+                # The store stayed away through every retry: no record is to blame, so do
+                # not split (that would retry each one again); dead-letter them all.
+                for item in good:
+                    await self._fail(item, error, records)
+            elif error is not None and len(good) > 1:
                 # Isolate the bad records: only those that fail alone go to the DLQ.
                 for item in good:
                     single = await self._run([item])
