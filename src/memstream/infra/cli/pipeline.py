@@ -1,15 +1,159 @@
-"""Starting the write pipeline inside a Stack: topics, the journal relay, the outbox relay
-and the stream processors. Each start returns its stopper; ``Stack.stop`` runs them in
-reverse."""
+"""Wiring of the shared adapters and the write pipeline inside a :class:`Stack`.
+
+- ``build_adapters``: what both the API and the processors use — the memory service and
+  its recall index, the ClickHouse message store, the summary store and the models. chdb
+  and qdrant-edge are in-process engines that lock their folder, so in ``memstream up``
+  the API and the processors share one instance of each.
+- ``start_pipeline``: topics, the journal relay (only where the journal writer lives), the
+  outbox relay, and the processors selected for this process.
+
+Every start returns its stopper; ``Stack.stop`` runs them in reverse order.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from memstream.schemas.topics import Topics
 
 if TYPE_CHECKING:
     from memstream.infra.cli.wiring import Stack, Stopper
+    from memstream.streams.processor import Processor
+
+ALL_PROCESSORS = ("counters", "summarizer", "message-projector", "memory-projector")
+
+
+async def build_adapters(stack: Stack) -> list[Stopper]:
+    """Fill ``stack.services`` with the shared adapters; returns their stoppers."""
+    from memstream.agents_ctx.memory.store import MemoryService
+    from memstream.infra.llm import build_models
+    from memstream.infra.summary_store import SummaryStore, open_object_store
+    from memstream.projections.memory_index.factory import build_memory_index
+    from memstream.projections.messages import store_from_settings
+
+    svc = stack.services
+    assert svc is not None and stack.pool is not None and stack.redis is not None
+    s = stack.settings
+    stoppers: list[Stopper] = []
+
+    index = build_memory_index(s)
+    stoppers.append(index.close)
+    stack.memory_index = index
+    svc.memory = MemoryService(stack.pool, stack.clock, index)
+
+    store = store_from_settings(s)
+    await store.ensure_schema()
+    close = getattr(store, "close", None)
+    if close is not None:
+        stoppers.append(close)
+    svc.message_store = store
+
+    svc.summary_store = SummaryStore(open_object_store(s), stack.redis)
+    summary_model, extractor = build_models(s)
+    svc.summary_model = summary_model
+    stack.fact_extractor = extractor
+    svc.health.update({"clickhouse": True, "qdrant": True, "object_store": True})
+    return stoppers
+
+
+def processor_factories(stack: Stack) -> dict[str, Callable[[], Processor]]:
+    from memstream.infra.thread_state import ThreadState
+    from memstream.streams.counters import CountersProcessor
+    from memstream.streams.memory_projector import MemoryProjector
+    from memstream.streams.message_projector import MessageProjector
+    from memstream.streams.summarizer import SummarizerProcessor
+
+    svc = stack.services
+    assert svc is not None and stack.redis is not None
+    s = stack.settings
+    state = ThreadState(stack.redis)
+    journal = stack.journal or stack.journal_reader
+    assert svc.summary_store is not None and svc.summary_model is not None
+    summaries, model = svc.summary_store, svc.summary_model
+
+    def counters() -> Processor:
+        return CountersProcessor(
+            state,
+            summaries,
+            claim_ttl_s=s.counter_claim_ttl_s,
+            guard_ttl_s=s.summary_guard_ttl_s,
+            clock=stack.clock,
+        )
+
+    def summarizer() -> Processor:
+        assert journal is not None
+        return SummarizerProcessor(
+            journal,
+            state,
+            summaries,
+            model,
+            agents=svc.accounts,
+            extractor=stack.fact_extractor,
+            memory=svc.memory,
+            token_budget=s.summary_token_budget,
+            lock_ttl_s=s.summary_lock_ttl_s,
+            clock=stack.clock,
+        )
+
+    def messages() -> Processor:
+        assert svc.message_store is not None
+        return MessageProjector(svc.message_store)
+
+    def memory() -> Processor:
+        assert stack.memory_index is not None
+        return MemoryProjector(stack.memory_index)
+
+    return {
+        "counters": counters,
+        "summarizer": summarizer,
+        "message-projector": messages,
+        "memory-projector": memory,
+    }
 
 
 async def start_pipeline(stack: Stack) -> list[Stopper]:
+    from memstream.infra.kafka.admin import ensure_topics
+    from memstream.infra.kafka.bus import Bus
+    from memstream.streams.journal_relay import JournalRelay
+    from memstream.streams.outbox_relay import OutboxRelay
+    from memstream.streams.runner import Runner
+
+    svc = stack.services
+    assert svc is not None and stack.pool is not None
+    s = stack.settings
+    topics = Topics(s.topic_prefix)
     stoppers: list[Stopper] = []
+
+    await ensure_topics(s.kafka_bootstrap, topics, s.partitions, s.replication_factor)
+    bus = Bus(s.kafka_bootstrap)
+    await bus.start()
+    stoppers.append(bus.stop)
+
+    if stack.journal is not None:  # the relay lives with the single journal writer
+        relay = JournalRelay(stack.journal, bus, topics, clock=stack.clock)
+        await relay.start()
+        stoppers.append(relay.stop)
+        stack.journal_relay = relay
+
+        outbox = OutboxRelay(stack.pool, bus, topics.memory, metrics=svc.metrics)
+        task = asyncio.create_task(outbox.run(), name="outbox-relay")
+
+        async def stop_outbox() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+        stoppers.append(stop_outbox)
+    svc.health["kafka"] = True
+
+    names = ALL_PROCESSORS if stack.processors is None else tuple(stack.processors)
+    if names:
+        assert svc.metrics is not None
+        runner = Runner(s, processor_factories(stack), svc.metrics, names=list(names))
+        await runner.start()
+        stoppers.append(runner.stop)
+        stack.runner = runner
     return stoppers

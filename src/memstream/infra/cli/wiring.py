@@ -16,22 +16,31 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 import redis.asyncio as aioredis
 import uvicorn
 from pydantic import SecretStr
 
+if TYPE_CHECKING:
+    from memstream.infra.llm import FactExtractor
+    from memstream.projections.memory_index.index import MemoryIndex
+    from memstream.streams.journal_relay import JournalRelay
+    from memstream.streams.runner import Runner
+
 from memstream.agents_ctx.http.app import create_app
 from memstream.agents_ctx.services import Services
 from memstream.clock import Clock, SystemClock
 from memstream.infra.accounts import Accounts
+from memstream.infra.cli.pipeline import build_adapters, start_pipeline
 from memstream.infra.cli.state import read_state, write_state
 from memstream.infra.embedded.base import EmbeddedServer, port_is_free
 from memstream.infra.embedded.kafka import embedded_broker
 from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embedded.redis import EmbeddedRedis
-from memstream.infra.journal import Journal, open_journal
+from memstream.infra.journal import Journal, JournalReader, open_journal, open_journal_reader
+from memstream.infra.metrics import make_metrics
 from memstream.infra.postgres import create_pool, migrate
 from memstream.infra.settings import Settings
 
@@ -55,7 +64,12 @@ class Stack:
     pool: asyncpg.Pool | None = None
     redis: aioredis.Redis | None = None
     journal: Journal | None = None
+    journal_reader: JournalReader | None = None
     services: Services | None = None
+    memory_index: MemoryIndex | None = None
+    fact_extractor: FactExtractor | None = None
+    journal_relay: JournalRelay | None = None
+    runner: Runner | None = None
     api_url: str = ""
     _stoppers: list[Stopper] = field(default_factory=list)
     _server: uvicorn.Server | None = None
@@ -86,13 +100,22 @@ class Stack:
         if self.pipeline:
             self.journal = await open_journal(s, self.clock)
             self._stoppers.append(self.journal.close)
+        elif self.processors != []:
+            self.journal_reader = await open_journal_reader(s)
+            self._stoppers.append(self.journal_reader.close)
         self.services = Services(
-            settings=s, accounts=accounts, journal=self.journal, clock=self.clock
+            settings=s,
+            accounts=accounts,
+            journal=self.journal,
+            clock=self.clock,
+            metrics=make_metrics(),
         )
         self.services.health.update({"postgres": True, "redis": True})
-        if self.pipeline:
+        if self.journal is not None:
             self.services.health["journal"] = True
-            await self._start_pipeline()
+        self._stoppers.extend(await build_adapters(self))
+        if self.pipeline or self.processors != []:
+            self._stoppers.extend(await start_pipeline(self))
         if self.api:
             await self._start_api()
 
@@ -137,14 +160,6 @@ class Stack:
         await server.start()
         self.servers.append(server)
         self._stoppers.append(server.stop)
-
-    async def _start_pipeline(self) -> None:
-        """Topics, the journal relay, the outbox relay and the processors."""
-        from memstream.infra.cli.pipeline import start_pipeline
-
-        assert self.services is not None
-        stoppers = await start_pipeline(self)
-        self._stoppers.extend(stoppers)
 
     async def _start_api(self) -> None:
         assert self.services is not None
