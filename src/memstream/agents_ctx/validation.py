@@ -95,7 +95,7 @@ def parse_message(raw: object, where: str = "", user_id: str | None = None) -> N
         content=content,
         reasoning=reasoning,
         tool_calls=tool_calls,
-        tool_call_id=cast(str | None, tool_call_id),
+        tool_call_id=tool_call_id,
         user_id=user_id,
     )
 

