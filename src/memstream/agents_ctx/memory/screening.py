@@ -27,7 +27,7 @@ _I = re.IGNORECASE
 
 # --- prompt injection ---------------------------------------------------------------------
 _IGNORE_PREVIOUS = re.compile(
-    r"\b(?:ignore|disregard|forget|override|skip)\s+"
+    r"\b(?=[idfos])(?:ignore|disregard|forget|override|skip)\s+"
     r"(?:(?:all|any|every|the|your|of|these|those|my)\s+){0,3}"
     r"(?:previous|prior|above|earlier|preceding|former|foregoing)\s+"
     r"(?:instructions?|rules?|prompts?|directions?|directives?|guidelines?|commands?)\b",
@@ -85,25 +85,26 @@ _PHONE = re.compile(
     r")(?![\w])"
 )
 _CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
+# The lookahead lets the engine skip most positions before trying the alternation.
 _API_KEY = re.compile(
-    r"(?:"
-    r"\bsk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{16,}"
-    r"|\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
-    r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
-    r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
-    r"|\bglpat-[A-Za-z0-9_-]{20,}"
-    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
-    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
-    r"|\bAIza[0-9A-Za-z_-]{35}"
-    r"|\bnpm_[A-Za-z0-9]{36}"
+    r"\b(?=[srgAxn])(?:"
+    r"sk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{16,}"
+    r"|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|gh[pousr]_[A-Za-z0-9]{20,}"
+    r"|github_pat_[A-Za-z0-9_]{20,}"
+    r"|glpat-[A-Za-z0-9_-]{20,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}\b"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|AIza[0-9A-Za-z_-]{35}"
+    r"|npm_[A-Za-z0-9]{36}"
     r")"
 )
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
 _PRIVATE_KEY = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 _PASSWORD = re.compile(
-    r"\b(?:password|passwd|pwd|passphrase|pass|secret|api[_-]?key|access[_-]?token|"
+    r"\b(?=[pPsSaAcC])(?:password|passwd|pwd|passphrase|pass|secret|api[_-]?key|access[_-]?token|"
     r"auth[_-]?token|client[_-]?secret)\s*[:=]\s*['\"]?[^\s'\"]{3,}"
-    r"|\b(?:my|the|his|her|their|our|your)\s+(?:password|passphrase|pin)\s+(?:is|was)\s+\S{3,}",
+    r"|\b(?=[mMtThHoOyY])(?:my|the|his|her|their|our|your)\s+(?:password|passphrase|pin)\s+(?:is|was)\s+\S{3,}",
     _I,
 )
 
