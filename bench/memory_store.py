@@ -30,7 +30,20 @@ from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.postgres import create_pool, migrate
 from memstream.schemas.records import Caller
 
-WORDS = ["deploy", "build", "cache", "postgres", "kafka", "review", "python", "rust", "team", "friday", "release", "notes"]
+WORDS = [
+    "deploy",
+    "build",
+    "cache",
+    "postgres",
+    "kafka",
+    "review",
+    "python",
+    "rust",
+    "team",
+    "friday",
+    "release",
+    "notes",
+]
 
 
 def content(i: int) -> str:
