@@ -9,7 +9,9 @@ Prints, for a local-folder SlateDB with ``flush_interval`` 5 ms:
   explicit WAL flush per batch; and the ratio journal/raw at concurrency 64;
 - single-append latency p50/p99 (one writer, one append at a time).
 
-Run: ``python bench/journal_append.py [--appends N]``. Not a test: it asserts nothing.
+Run: ``python bench/journal_append.py [--appends N] [--no-fastpath]``. ``--no-fastpath`` keeps
+the binding's byte-by-byte copy (see ``memstream.infra.journal.fastpath``) for journal and raw
+alike, to show what the fix is worth. Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from pathlib import Path
 from slatedb.uniffi import DbBuilder, FlushOptions, FlushType, Settings, WriteBatch
 
 from memstream.clock import SystemClock, epoch_ms
-from memstream.infra.journal import Journal, keys, local_store
+from memstream.infra.journal import Journal, fastpath, keys, local_store
 from memstream.infra.journal.codec import encode_message
 from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Message, NewMessage, ThreadRef
 
+FAST = True
 CONTENT = "The quick brown fox jumps over the lazy dog. " * 4  # ~180 chars
 FLUSH_MS = 5
 
@@ -40,6 +43,7 @@ async def journal_rate(root: Path, concurrency: int, total: int, eager: bool) ->
         "j",
         flush_interval_ms=FLUSH_MS,
         eager_flush=eager,
+        fast_binding=FAST,
     )
     msg = [NewMessage(role="user", content=CONTENT)]
     per_task = max(1, total // concurrency)
@@ -61,6 +65,8 @@ async def journal_rate(root: Path, concurrency: int, total: int, eager: bool) ->
 
 async def raw_rate(root: Path, batch: int, total: int, eager: bool) -> float:
     """Appends/s writing the same records straight to SlateDB, one durable wait per batch."""
+    if FAST:
+        fastpath.install()
     settings = Settings.default()
     settings.set("flush_interval", f'"{FLUSH_MS}ms"')
     builder = DbBuilder("raw", local_store(root / f"raw-{batch}-{eager}"))
@@ -99,7 +105,11 @@ async def raw_rate(root: Path, batch: int, total: int, eager: bool) -> float:
 
 async def latency(root: Path, n: int, eager: bool) -> tuple[float, float]:
     j = await Journal.open(
-        local_store(root / f"lat-{eager}"), "j", flush_interval_ms=FLUSH_MS, eager_flush=eager
+        local_store(root / f"lat-{eager}"),
+        "j",
+        flush_interval_ms=FLUSH_MS,
+        eager_flush=eager,
+        fast_binding=FAST,
     )
     ref = ThreadRef("acct", "agent", "lat")
     msg = [NewMessage(role="user", content=CONTENT)]
@@ -118,7 +128,10 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--appends", type=int, default=6400, help="appends per concurrency level")
     ap.add_argument("--latency-samples", type=int, default=300)
+    ap.add_argument("--no-fastpath", action="store_true", help="keep the binding's slow copy")
     args = ap.parse_args()
+    global FAST  # noqa: PLW0603 - a bench switch
+    FAST = not args.no_fastpath
     with tempfile.TemporaryDirectory(prefix="bench-journal-") as tmp:
         root = Path(tmp)
         print(

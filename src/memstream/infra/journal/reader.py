@@ -16,6 +16,7 @@ import time
 
 from slatedb.uniffi import DbReader, DbReaderBuilder, ObjectStore, ReaderMode, ReaderOptions
 
+from memstream.infra.journal import fastpath
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.infra.journal.reads import JournalReads
 from memstream.schemas.records import ThreadRef
@@ -31,9 +32,16 @@ class JournalReader(JournalReads):
 
     @classmethod
     async def open(
-        cls, object_store: ObjectStore, path: str, *, poll_interval_ms: int = 20
+        cls,
+        object_store: ObjectStore,
+        path: str,
+        *,
+        poll_interval_ms: int = 20,
+        fast_binding: bool = True,
     ) -> JournalReader:
         """Open a reader on the journal at ``path`` (the writer must have created it)."""
+        if fast_binding:
+            fastpath.install()
         try:
             builder = DbReaderBuilder(path, object_store)
             builder.with_reader_mode(ReaderMode.FOLLOW_LATEST())

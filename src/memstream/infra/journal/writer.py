@@ -47,7 +47,7 @@ from slatedb.uniffi import Settings as SlateSettings
 
 from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InvalidRequest, JournalError, JournalFenced, JournalUnavailable
-from memstream.infra.journal import keys
+from memstream.infra.journal import fastpath, keys
 from memstream.infra.journal.codec import ToolCallRecord, encode_message, encode_tool_call
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.infra.journal.reads import JournalReads
@@ -165,13 +165,18 @@ class Journal(JournalReads):
         eager_flush: bool = True,
         offset_cache_size: int = 100_000,
         metrics: Metrics | None = None,
+        fast_binding: bool = True,
     ) -> Journal:
         """Open (or create) the journal at ``path`` in ``object_store`` and fence any older
         writer. ``flush_interval_ms`` is SlateDB's background WAL flush; with ``eager_flush``
         each batch also flushes the WAL at once (a group commit is one object-store PUT), so
         a lone append does not wait for the next tick. ``max_batch`` caps messages per batch.
         ``metrics``, when given, records append latency and group-commit batch sizes.
+        ``fast_binding`` installs :mod:`~memstream.infra.journal.fastpath` (a self-checked
+        fix of the binding's byte-by-byte copy; ~6x less CPU per 1 KB put).
         """
+        if fast_binding:
+            fastpath.install()
         settings = SlateSettings.default()
         try:
             settings.set("flush_interval", f'"{int(flush_interval_ms)}ms"')
