@@ -97,6 +97,7 @@ def make_app(
         "broker_commit_interval": COMMIT_INTERVAL_S,
         "stream_wait_empty": True,
         "producer_acks": -1,
+        "broker_max_poll_records": 1000,
     }
     conf.update(overrides)
     return faust.App(gid, **conf)
