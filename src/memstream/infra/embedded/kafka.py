@@ -246,7 +246,12 @@ _JVM_OPTS = (
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id (base64url of a UUID). One that starts with '-' would be read as
+    an option by kafka-storage's argument parser, so draw again (1 in 64 chance)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _read_properties(path: Path) -> dict[str, str]:
