@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import asyncpg
 
@@ -41,6 +42,9 @@ from memstream.clock import Clock
 from memstream.errors import InvalidRequest
 from memstream.schemas.limits import PIN_MAX_ENTRIES, PIN_MIN_IMPORTANCE
 from memstream.schemas.records import Caller, Category, MemoryEntry
+
+if TYPE_CHECKING:
+    from memstream.infra.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +84,16 @@ class MemoryService:
     """The memory tools over one Postgres pool; ``index`` is optional (recall falls back)."""
 
     def __init__(
-        self, pool: asyncpg.Pool, clock: Clock, index: MemoryIndexPort | None = None
+        self,
+        pool: asyncpg.Pool,
+        clock: Clock,
+        index: MemoryIndexPort | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._pool = pool
         self._clock = clock
         self._index = index
+        self._metrics = metrics
 
     # --- memory_store ---------------------------------------------------------------------
     async def store(
@@ -188,6 +197,7 @@ class MemoryService:
         n = ranking.resolve_limit(limit)
         cat = None if category is None else policy.validate_category(category)
         now = self._clock.now()
+        started = time.perf_counter()
         hits = await self._index_hits(caller, query, n * INDEX_OVERFETCH, cat, now)
         source: Literal["index", "fallback"] = "index"
         scored = await self._fetch_hits(caller, hits, cat, now) if hits else []
@@ -196,6 +206,10 @@ class MemoryService:
             scored = await self._keyword(caller, query, n * INDEX_OVERFETCH, cat, now)
         top = ranking.rank(scored, n)
         touched = await self._mark_recalled(caller, [e for e, _ in top], now)
+        if self._metrics is not None:
+            self._metrics.recall_latency.labels(source=source).observe(
+                time.perf_counter() - started
+            )
         return RecallResult(
             results=[(touched.get((e.owner, e.key), e), s) for e, s in top], source=source
         )
