@@ -1,0 +1,257 @@
+"""``MemstreamClient``: the async Python API over memstream's HTTP API.
+
+The same operations, with the same names, as the HTTP routes (ARCHITECTURE.md):
+``configure_agent``, ``create_thread``, ``append``, ``context``, ``summary``,
+``delete_thread``, ``memory_store``, ``memory_recall``, ``memory_forget``,
+``journal_search`` and ``tool_call_view``. Answers are the JSON documents the API returns.
+
+Guarantees:
+
+- **Errors are memstream's own classes**: an error answer is raised as the
+  :mod:`memstream.errors` class its ``code`` names (``InvalidRequest`` with ``field``,
+  ``NotFound``, ``PromptInjection``, ``JournalUnavailable``...); an unknown code becomes
+  :class:`~memstream.errors.MemstreamError` with the answer's message.
+- **Ids are path-escaped**, so no id can address another route.
+- The client owns its ``httpx.AsyncClient`` unless one is passed in (tests pass an ASGI
+  transport to drive an app in-process); use it as an async context manager or call
+  :meth:`MemstreamClient.aclose`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, cast
+from urllib.parse import quote
+
+import httpx
+
+from memstream import errors
+
+_ERRORS: Final[dict[str, type[errors.MemstreamError]]] = {
+    cls.code: cls
+    for cls in (
+        errors.InvalidRequest,
+        errors.PromptInjection,
+        errors.PrivateRequiresUser,
+        errors.ContentTooLong,
+        errors.Unauthorized,
+        errors.NotFound,
+        errors.CapacityExceeded,
+        errors.Conflict,
+        errors.JournalUnavailable,
+        errors.InfraError,
+    )
+}
+
+JSON = dict[str, Any]
+
+
+def _p(value: str) -> str:
+    return quote(value, safe="")
+
+
+def error_from(status: int, body: object) -> errors.MemstreamError:
+    """The memstream error for an error answer (``{"error": {"code", "message", "field"?}}``)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return errors.MemstreamError(f"HTTP {status}: {str(body)[:200]}")
+    code, message, field = err.get("code"), str(err.get("message", "")), err.get("field")
+    if code == "not_ready":
+        position = err.get("position")
+        return errors.NotReady(message, position=position if isinstance(position, int) else None)
+    cls = _ERRORS.get(str(code))
+    if cls is None:
+        out = errors.MemstreamError(message or f"HTTP {status}")
+        out.code, out.status = str(code or "internal"), status
+        return out
+    return cls(message, field=field if isinstance(field, str) else None)
+
+
+class MemstreamClient:
+    """An async client for one account (``api_key``) and, optionally, one end user."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        user: str | None = None,
+        *,
+        timeout: float = 30.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"}
+        if user is not None:
+            headers["X-Memstream-User"] = user
+        self._headers = headers
+        self._own = http is None
+        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
+
+    async def __aenter__(self) -> MemstreamClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._own:
+            await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        params: Mapping[str, str | int] | None = None,
+    ) -> JSON | None:
+        r = await self._http.request(
+            method,
+            path,
+            json=body,
+            params=dict(params) if params else None,
+            headers=self._headers,
+        )
+        if r.status_code == 204:
+            return None
+        try:
+            doc = r.json()
+        except ValueError:
+            doc = r.text
+        if r.status_code >= 400:
+            raise error_from(r.status_code, doc)
+        return cast(JSON, doc)
+
+    async def _json(self, method: str, path: str, body: object = None, **params: Any) -> JSON:
+        q = {k: v for k, v in params.items() if v is not None}
+        out = await self._call(method, path, body, q)
+        assert out is not None
+        return out
+
+    @staticmethod
+    def _agent(agent_id: str) -> str:
+        return f"/v1/agents/{_p(agent_id)}"
+
+    def _thread(self, agent_id: str, thread_id: str) -> str:
+        return f"{self._agent(agent_id)}/threads/{_p(thread_id)}"
+
+    # --- agents and threads --------------------------------------------------------------------
+    async def configure_agent(self, agent_id: str, *, memory: bool) -> JSON:
+        """Create or configure an agent; ``memory`` binds the Memory capability."""
+        return await self._json("PUT", self._agent(agent_id), {"memory": memory})
+
+    async def create_thread(
+        self,
+        agent_id: str,
+        thread_id: str | None = None,
+        *,
+        max_working_memory_messages: int | None = None,
+    ) -> JSON:
+        """Create a thread (an id is generated when none is given)."""
+        config: JSON = {}
+        if max_working_memory_messages is not None:
+            config["max_working_memory_messages"] = max_working_memory_messages
+        body: JSON = {"metadata": {"config": config}}
+        if thread_id is not None:
+            body["thread_id"] = thread_id
+        return await self._json("POST", f"{self._agent(agent_id)}/threads", body)
+
+    async def append(
+        self,
+        agent_id: str,
+        thread_id: str,
+        messages: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    ) -> JSON:
+        """Append one message (a mapping) or several (a sequence), durable when it returns."""
+        body = dict(messages) if isinstance(messages, Mapping) else {"messages": list(messages)}
+        return await self._json("POST", f"{self._thread(agent_id, thread_id)}/messages", body)
+
+    async def context(
+        self,
+        agent_id: str,
+        thread_id: str,
+        *,
+        parent_thread_id: str | None = None,
+        parent_agent_id: str | None = None,
+    ) -> JSON:
+        """The context for one turn: ``{"messages", "pinned", "summary", "window"}``.
+        Pass ``parent_thread_id`` (and ``parent_agent_id``) for a delegated sub-agent."""
+        return await self._json(
+            "GET",
+            f"{self._thread(agent_id, thread_id)}/context",
+            parent_thread_id=parent_thread_id,
+            parent_agent_id=parent_agent_id,
+        )
+
+    async def summary(self, agent_id: str, thread_id: str) -> JSON | None:
+        """The thread's summary (the spec's seven fields), or None while it has none."""
+        try:
+            return await self._json("GET", f"{self._thread(agent_id, thread_id)}/summary")
+        except errors.NotFound:
+            return None
+
+    async def delete_thread(self, agent_id: str, thread_id: str) -> None:
+        """Delete the thread record (memory, summary and journal stay)."""
+        await self._call("DELETE", self._thread(agent_id, thread_id))
+
+    # --- memory tools --------------------------------------------------------------------------
+    async def memory_store(
+        self,
+        agent_id: str,
+        key: str,
+        content: str,
+        category: str,
+        scope: str,
+        importance: float | None = None,
+    ) -> JSON:
+        body: JSON = {"key": key, "content": content, "category": category, "scope": scope}
+        if importance is not None:
+            body["importance"] = importance
+        return await self._json("POST", f"{self._agent(agent_id)}/memory/store", body)
+
+    async def memory_recall(
+        self, agent_id: str, query: str, limit: int | None = None, category: str | None = None
+    ) -> JSON:
+        body: JSON = {"query": query}
+        if limit is not None:
+            body["limit"] = limit
+        if category is not None:
+            body["category"] = category
+        return await self._json("POST", f"{self._agent(agent_id)}/memory/recall", body)
+
+    async def memory_forget(self, agent_id: str, key: str) -> bool:
+        out = await self._json("POST", f"{self._agent(agent_id)}/memory/forget", {"key": key})
+        return bool(out["forgotten"])
+
+    # --- journal tools -------------------------------------------------------------------------
+    async def journal_search(
+        self,
+        agent_id: str,
+        query: str,
+        *,
+        scope: str | None = None,
+        thread_id: str | None = None,
+        limit: int | None = None,
+        summarize: bool | None = None,
+    ) -> JSON:
+        body: JSON = {"query": query}
+        for k, v in (("scope", scope), ("thread_id", thread_id), ("limit", limit)):
+            if v is not None:
+                body[k] = v
+        if summarize is not None:
+            body["summarize"] = summarize
+        return await self._json("POST", f"{self._agent(agent_id)}/journal/search", body)
+
+    async def tool_call_view(
+        self, agent_id: str, tool_call_id: str, offset: int = 0, length: int | None = None
+    ) -> JSON:
+        return await self._json(
+            "GET",
+            f"{self._agent(agent_id)}/journal/tool-calls/{_p(tool_call_id)}",
+            offset=offset,
+            length=length,
+        )
