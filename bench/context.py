@@ -16,6 +16,9 @@ It prints p50/p99 of (``--turns`` random threads each, sequentially):
 - ``raw``: the ceiling — the SlateDB last-20 scan (no decoding), the Postgres pinned query
   and a Redis GET of the cached summary, gathered the same way;
 
+- ``raw+thread``: the ceiling plus the thread-record SELECT (the window's config and the
+  deleted flag), the one query assembly needs beyond the three parts;
+
 and the ratios to ``raw`` (target: in-process <= 1.5x). The issue asks for 10k threads x 100
 messages; the default here is smaller so the data loads in about a minute on a busy 2-core
 machine — pass ``--threads 10000`` for the full size.
@@ -171,6 +174,9 @@ async def main(args: argparse.Namespace) -> None:
                 redis.get(redis_keys.summary_cache(ref)),
             )
 
+        async def raw_and_thread(ref: ThreadRef) -> object:
+            return await asyncio.gather(raw(ref), accounts.get_thread(ref))
+
         check = await in_process(refs[0])
         assert len(check.messages) == 2 + WINDOW_MESSAGES  # type: ignore[attr-defined]
 
@@ -199,10 +205,11 @@ async def main(args: argparse.Namespace) -> None:
                 assert r.status_code == 200, r.text
                 return r
 
-            for op in (raw, in_process, over_http):  # warm caches
+            for op in (raw, raw_and_thread, in_process, over_http):  # warm caches
                 await timed(50, refs, op)
             results = {
                 "raw": await timed(args.turns, refs, raw),
+                "raw+thread": await timed(args.turns, refs, raw_and_thread),
                 "in-process": await timed(args.turns, refs, in_process),
                 "http": await timed(args.turns, refs, over_http),
             }
