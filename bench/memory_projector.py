@@ -32,7 +32,28 @@ from memstream.schemas.records import MemoryEntry
 from memstream.streams.memory_projector import ops_of_batch
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
-WORDS = ["deploy", "tuesday", "postgres", "lisbon", "tea", "marathon", "invoice", "backup", "spanish", "react", "violin", "manager", "biscuit", "retriever", "nurse", "vegetarian", "holiday", "onboarding", "quota", "latency"]
+WORDS = [
+    "deploy",
+    "tuesday",
+    "postgres",
+    "lisbon",
+    "tea",
+    "marathon",
+    "invoice",
+    "backup",
+    "spanish",
+    "react",
+    "violin",
+    "manager",
+    "biscuit",
+    "retriever",
+    "nurse",
+    "vegetarian",
+    "holiday",
+    "onboarding",
+    "quota",
+    "latency",
+]
 
 
 def events(n: int) -> list:
