@@ -68,7 +68,8 @@ FACTS_DISCLAIMER: Final = (
 SUMMARY_PREFIX: Final = "Previous conversation summary: "
 
 _LINE_BREAKS: Final = str.maketrans(
-    {"\r": "\\r", "\n": "\\n", "\x0b": " ", "\x0c": " ", "\x85": " ", "\u2028": " ", "\u2029": " "}
+    {"\r": "\\r", "\n": "\\n"}
+    | {c: " " for c in ("\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")}
 )
 
 
