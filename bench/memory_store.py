@@ -93,13 +93,13 @@ async def main(n: int) -> None:
             print(f"memory_store, {n} ops each (observation category, capacity 500 per agent)")
             for conc in (1, 16):
                 raw = await run_concurrent(
-                    n, conc, lambda i, c=conc: raw_insert(pool, f"raw{c}-{i // 400}", i)
+                    n, conc, lambda i, c=conc: raw_insert(pool, f"raw{c}-{i % 50}", i)
                 )
                 many = await run_concurrent(
                     n,
                     conc,
                     lambda i, c=conc: svc.store(
-                        Caller("b", f"many{c}-{i // 400}", None),
+                        Caller("b", f"many{c}-{i % 50}", None),
                         f"k{i}",
                         content(i),
                         "observation",

@@ -29,7 +29,7 @@ from memstream.agents_ctx.memory.outbox import (
     NEXT_VERSION,
     append_events,
     entry_of_row,
-    next_version,
+    tombstone_of_row,
 )
 from memstream.clock import Clock
 from memstream.schemas.limits import DECAY_FLOOR, DECAY_STEP
@@ -55,17 +55,14 @@ async def _expire_batch(conn: asyncpg.Connection, now: datetime) -> int:
                 WHERE (expires_at IS NOT NULL AND expires_at <= $1)
                    OR (category = 'observation' AND created_at + make_interval(days => $2) <= $1)
                 LIMIT $3 FOR UPDATE SKIP LOCKED)
-            RETURNING {ENTRY_COLUMNS}
+            RETURNING {ENTRY_COLUMNS}, {NEXT_VERSION} AS tomb_version
             """,
             now,
             decay.OBSERVATION_TTL.days,
             BATCH,
         )
-        entries = [entry_of_row(r) for r in rows]
-        # the rule, once more in Python: SQL selected, the pure function has the last word
-        assert all(decay.should_expire(e, now) for e in entries)
-        tombstones = [e.with_changes(version=await next_version(conn)) for e in entries]
-        await append_events(conn, "memory.expired", tombstones, now)
+        entries = [tombstone_of_row(r) for r in rows]
+        await append_events(conn, "memory.expired", entries, now)
         return len(entries)
 
 

@@ -49,9 +49,10 @@ def entry_of_row(row: Mapping[str, object]) -> MemoryEntry:
     )
 
 
-async def next_version(conn: asyncpg.Connection) -> int:
-    v = await conn.fetchval(f"SELECT {NEXT_VERSION}")
-    return int(v)
+def tombstone_of_row(row: Mapping[str, object]) -> MemoryEntry:
+    """A deleted row (``RETURNING {ENTRY_COLUMNS}, {NEXT_VERSION} AS tomb_version``) as the
+    entry its delete event carries: the last state, with a fresh version."""
+    return entry_of_row(row).with_changes(version=cast(int, row["tomb_version"]))
 
 
 async def append_events(
@@ -67,18 +68,21 @@ async def append_events(
     can dedupe a re-published event.
     """
     ts = epoch_ms(now)
-    rows = []
-    for e in entries:
-        env = memory_event(typ, e, ts)
-        rows.append((e.account_id, e.agent_id, env.id, encode(env)))
-    if not rows:
+    envs = [memory_event(typ, e, ts) for e in entries]
+    if not envs:
         return 0
-    await conn.executemany(
-        "INSERT INTO memory_outbox (account_id, agent_id, event_id, event) VALUES ($1, $2, $3, $4)",
-        rows,
+    # one round trip: the rows, and the NOTIFY (from a one-row subquery, run once)
+    await conn.execute(
+        "INSERT INTO memory_outbox (account_id, agent_id, event_id, event) "
+        "SELECT a, g, i, e FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[]) "
+        "WITH ORDINALITY AS u(a, g, i, e, n), (SELECT pg_notify($5, '')) AS wake ORDER BY n",
+        [env.account_id for env in envs],
+        [env.agent_id for env in envs],
+        [env.id for env in envs],
+        [encode(env) for env in envs],
+        OUTBOX_CHANNEL,
     )
-    await conn.execute("SELECT pg_notify($1, '')", OUTBOX_CHANNEL)
-    return len(rows)
+    return len(envs)
 
 
 async def lock_agent(conn: asyncpg.Connection, account_id: str, agent_id: str) -> None:
@@ -90,11 +94,13 @@ async def lock_agent(conn: asyncpg.Connection, account_id: str, agent_id: str) -
 
 
 async def upsert_entry(conn: asyncpg.Connection, e: MemoryEntry) -> MemoryEntry:
-    """Write ``e`` at its identity, replacing whatever row is there."""
+    """Write ``e`` at its identity, replacing whatever row is there, with a fresh version
+    (``e.version`` is ignored); returns the row as written."""
     row = await conn.fetchrow(
         f"""
         INSERT INTO memory_entries ({ENTRY_COLUMNS})
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                {NEXT_VERSION})
         ON CONFLICT (account_id, agent_id, owner, key) DO UPDATE SET
             content = EXCLUDED.content, category = EXCLUDED.category,
             visibility = EXCLUDED.visibility, importance = EXCLUDED.importance,
@@ -120,7 +126,6 @@ async def upsert_entry(conn: asyncpg.Connection, e: MemoryEntry) -> MemoryEntry:
         e.updated_at,
         e.recall_count,
         e.last_recalled_at,
-        e.version,
     )
     assert row is not None
     return entry_of_row(row)

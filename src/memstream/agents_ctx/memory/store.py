@@ -34,7 +34,7 @@ from memstream.agents_ctx.memory.outbox import (
     append_events,
     entry_of_row,
     lock_agent,
-    next_version,
+    tombstone_of_row,
     upsert_entry,
 )
 from memstream.agents_ctx.memory.ports import IndexHit, MemoryIndexPort
@@ -117,49 +117,45 @@ class MemoryService:
         now = self._clock.now()
         async with self._pool.acquire() as conn, conn.transaction():
             await lock_agent(conn, caller.account_id, caller.agent_id)
+            # the entry at this identity (locked) and the category's usage, in one round trip
             row = await conn.fetchrow(
-                f"SELECT {ENTRY_COLUMNS} FROM memory_entries "
-                "WHERE account_id = $1 AND agent_id = $2 AND owner = $3 AND key = $4 FOR UPDATE",
+                f"""
+                SELECT u.agent_count, u.user_count, e.*
+                FROM (SELECT count(*) AS agent_count,
+                             count(*) FILTER (WHERE user_id = $5) AS user_count
+                      FROM memory_entries
+                      WHERE account_id = $1 AND agent_id = $2 AND category = $6
+                        AND (expires_at IS NULL OR expires_at > $7)) AS u
+                LEFT JOIN LATERAL (
+                    SELECT {ENTRY_COLUMNS} FROM memory_entries
+                    WHERE account_id = $1 AND agent_id = $2 AND owner = $3 AND key = $4
+                    FOR UPDATE) AS e ON true
+                """,
                 caller.account_id,
                 caller.agent_id,
                 req.owner,
                 req.key,
+                caller.user_id,
+                req.category,
+                now,
             )
-            existing = entry_of_row(row) if row is not None else None
-            usage = policy.Usage(agent=0, user=0)
-            if existing is None or policy.is_expired(existing, now):
-                usage = await self._usage(conn, caller, req.category, now)
+            assert row is not None
+            existing = entry_of_row(row) if row["key"] is not None else None
+            usage = policy.Usage(agent=int(row["agent_count"]), user=int(row["user_count"]))
             action = policy.decide_store(req, existing, usage, now)
             if action == "unchanged":
                 assert existing is not None
                 return StoreResult("unchanged", existing)
-            version = await next_version(conn)
             if action == "replace":
                 assert existing is not None
-                entry = policy.replaced_entry(existing, req, now, version)
+                entry = policy.replaced_entry(existing, req, now, version=0)
             else:
-                entry = policy.new_entry(req, caller.account_id, caller.agent_id, now, version)
+                entry = policy.new_entry(req, caller.account_id, caller.agent_id, now, version=0)
             written = await upsert_entry(conn, entry)
             await append_events(
                 conn, "memory.replaced" if action == "replace" else "memory.stored", [written], now
             )
         return StoreResult("replaced" if action == "replace" else "created", written)
-
-    async def _usage(
-        self, conn: asyncpg.Connection, caller: Caller, category: Category, now: datetime
-    ) -> policy.Usage:
-        row = await conn.fetchrow(
-            "SELECT count(*) AS agent, count(*) FILTER (WHERE user_id = $4) AS user "
-            "FROM memory_entries WHERE account_id = $1 AND agent_id = $2 AND category = $3 "
-            "AND (expires_at IS NULL OR expires_at > $5)",
-            caller.account_id,
-            caller.agent_id,
-            category,
-            caller.user_id,
-            now,
-        )
-        assert row is not None
-        return policy.Usage(agent=int(row["agent"]), user=int(row["user"]))
 
     # --- memory_forget --------------------------------------------------------------------
     async def forget(self, caller: Caller, key: object) -> bool:
@@ -171,15 +167,15 @@ class MemoryService:
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 f"DELETE FROM memory_entries WHERE account_id = $1 AND agent_id = $2 "
-                f"AND key = $3 AND (owner = '' OR owner = $4) RETURNING {ENTRY_COLUMNS}",
+                f"AND key = $3 AND (owner = '' OR owner = $4) "
+                f"RETURNING {ENTRY_COLUMNS}, {NEXT_VERSION} AS tomb_version",
                 caller.account_id,
                 caller.agent_id,
                 k,
                 caller.user_id,
             )
-            gone = [entry_of_row(r) for r in rows]
-            tombstones = [e.with_changes(version=await next_version(conn)) for e in gone]
-            await append_events(conn, "memory.forgotten", tombstones, now)
+            gone = [tombstone_of_row(r) for r in rows]
+            await append_events(conn, "memory.forgotten", gone, now)
         return any(not policy.is_expired(e, now) for e in gone)
 
     # --- memory_recall --------------------------------------------------------------------
