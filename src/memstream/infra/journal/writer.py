@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import orjson
 from slatedb.uniffi import (
     Db,
     DbBuilder,
@@ -48,7 +49,7 @@ from slatedb.uniffi import Settings as SlateSettings
 from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InvalidRequest, JournalError, JournalFenced, JournalUnavailable
 from memstream.infra.journal import fastpath, keys
-from memstream.infra.journal.codec import ToolCallRecord, encode_message, encode_tool_call
+from memstream.infra.journal.codec import ToolCallRecord, encode_tool_call
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.infra.journal.reads import JournalReads
 from memstream.infra.metrics import Metrics
@@ -106,15 +107,19 @@ class _MessageIds:
     def __init__(self) -> None:
         self._ms = -1
         self._entropy = 0
+        self._prefix = ""
 
     def next(self, ms: int) -> str:
         if ms > self._ms:
             self._ms, self._entropy = ms, secrets.randbits(79)
+            self._prefix = keys.message_id(ms, 0)[:12]
         else:
             self._entropy += 1
             if self._entropy > keys.ENTROPY_MAX:
                 self._ms, self._entropy = self._ms + 1, secrets.randbits(79)
-        return keys.message_id(self._ms, self._entropy)
+                self._prefix = keys.message_id(self._ms, 0)[:12]
+        # same layout as keys.message_id, without re-formatting the time part every call
+        return f"{self._prefix}{self._entropy:020x}"
 
 
 class Journal(JournalReads):
@@ -276,8 +281,9 @@ class Journal(JournalReads):
     async def _submit(self, req: _Request) -> object:
         self._queue.append(req)
         self._wakeup.set()
-        # shield: a cancelled caller does not cancel the commit its request is part of
-        return await asyncio.shield(req.future)
+        # A cancelled caller cancels only its future: the committer skips done futures, and
+        # the request, already queued, is still committed (the caller just never hears).
+        return await req.future
 
     # --- the committer -------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -357,10 +363,12 @@ class Journal(JournalReads):
         ts = epoch_ms(now)
         st = _Staged(seq=self._seq, watermark=self._watermark)
         tools: dict[bytes, ToolCallRecord] = {}
+        next_id = self._ids.next
         for req in batch:
             if req.kind == "messages":
                 assert req.ref is not None
                 ref = req.ref
+                prefix = keys.thread_prefix(ref)
                 base = st.offsets.get(ref)
                 if base is None:
                     base = await self._offset_of(ref)
@@ -372,7 +380,7 @@ class Journal(JournalReads):
                         agent_id=ref.agent_id,
                         thread_id=ref.thread_id,
                         offset=base + i,
-                        message_id=self._ids.next(ts),
+                        message_id=next_id(ts),
                         role=nm.role,
                         content=nm.content,
                         created_at=now,
@@ -383,9 +391,14 @@ class Journal(JournalReads):
                         tool_call_id=nm.tool_call_id,
                         user_id=nm.user_id,
                     )
-                    wb.put(keys.message_key(ref, msg.offset), encode_message(msg))
-                    wb.put(keys.seq_key(st.seq), encode(message_appended(msg, ts)))
-                    st.puts += 2 + await self._stage_tool_calls(wb, msg, tools)
+                    env = message_appended(msg, ts)
+                    # env.data is msg.to_dict(): the stored and the published message are
+                    # the same bytes' worth of fields, serialized once each
+                    wb.put(prefix + keys.u64(msg.offset), orjson.dumps(env.data))
+                    wb.put(keys.seq_key(st.seq), encode(env))
+                    st.puts += 2
+                    if msg.tool_calls or msg.tool_call_id:
+                        st.puts += await self._stage_tool_calls(wb, msg, tools)
                     msgs.append(msg)
                 st.offsets[ref] = base + len(msgs)
                 req.result = msgs
