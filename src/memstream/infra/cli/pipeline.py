@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING
 
 from memstream.schemas.topics import Topics
 
 if TYPE_CHECKING:
     from memstream.infra.cli.wiring import Stack, Stopper
+    from memstream.projections.memory_index.index import MemoryIndex
     from memstream.streams.processor import Processor
 
 ALL_PROCESSORS = ("counters", "summarizer", "message-projector", "memory-projector")
@@ -56,6 +58,9 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     svc.summary_model = summary_model
     stack.fact_extractor = extractor
     svc.health.update({"clickhouse": True, "qdrant": True, "object_store": True})
+    from memstream.infra.cli.replay_wiring import attach_replay
+
+    await attach_replay(stack)  # current generations, replay hub, read-your-writes positions
     return stoppers
 
 
@@ -106,12 +111,42 @@ def processor_factories(stack: Stack) -> dict[str, Callable[[], Processor]]:
         assert stack.memory_index is not None
         return MemoryProjector(stack.memory_index)
 
-    return {
-        "counters": counters,
-        "summarizer": summarizer,
-        "message-projector": messages,
-        "memory-projector": memory,
-    }
+    from memstream.infra.cli.replay_wiring import gated
+
+    return gated(
+        stack,
+        {
+            "counters": counters,
+            "summarizer": summarizer,
+            "message-projector": messages,
+            "memory-projector": memory,
+        },
+    )
+
+
+async def _optimize_loop(index: MemoryIndex, every_s: float = 60.0) -> None:
+    """Build HNSW graphs of busy collections now and then (see ``MemoryIndex.maintain``)."""
+    log = logging.getLogger(__name__)
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            built = await index.maintain()
+        except Exception:
+            log.exception("index maintenance failed; will retry")
+        else:
+            if built:
+                log.info("built HNSW for %s", ", ".join(built))
+
+
+def _background(coro: Coroutine[object, object, None], name: str) -> Stopper:
+    task = asyncio.create_task(coro, name=name)
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    return stop
 
 
 async def start_pipeline(stack: Stack) -> list[Stopper]:
@@ -139,17 +174,12 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
         stack.journal_relay = relay
 
         outbox = OutboxRelay(stack.pool, bus, topics.memory, metrics=svc.metrics)
-        task = asyncio.create_task(outbox.run(), name="outbox-relay")
-
-        async def stop_outbox() -> None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-        stoppers.append(stop_outbox)
+        stoppers.append(_background(outbox.run(), "outbox-relay"))
     svc.health["kafka"] = True
 
     names = ALL_PROCESSORS if stack.processors is None else tuple(stack.processors)
+    if "memory-projector" in names and stack.memory_index is not None:
+        stoppers.append(_background(_optimize_loop(stack.memory_index), "index-maintenance"))
     if names:
         assert svc.metrics is not None
         runner = Runner(s, processor_factories(stack), svc.metrics, names=list(names))
