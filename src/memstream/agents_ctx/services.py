@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from memstream.infra.settings import Settings
     from memstream.infra.summary_store import SummaryStore
     from memstream.projections.messages import MessageStore
+    from memstream.projections.positions import Positions
+    from memstream.projections.replay_hub import ReplayHub
 
 
 @dataclass
@@ -36,6 +38,8 @@ class Services:
     summary_model: SummaryModel | None = None  # utility model for search summaries
     summary_store: SummaryStore | None = None  # thread summaries (object store + Redis cache)
     memory: MemoryService | None = None  # agent memory tools (Postgres + index)
+    positions: Positions | None = None  # read-your-writes watermarks of the live projectors
+    replays: ReplayHub | None = None  # projection rebuilds (POST /admin/replay/...)
 
     def need_journal(self) -> Journal:
         if self.journal is None:

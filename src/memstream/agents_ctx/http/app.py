@@ -18,6 +18,7 @@ from memstream.agents_ctx.http import (
     errors,
     journal_routes,
     memory_routes,
+    replay_routes,
     summary_routes,
     threads_routes,
 )
@@ -66,6 +67,7 @@ def create_app(services: Services) -> FastAPI:
 
     app.include_router(threads_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(replay_routes.router)
     app.include_router(journal_routes.router)
     app.include_router(summary_routes.router)
     app.include_router(memory_routes.router)

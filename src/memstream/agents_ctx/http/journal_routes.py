@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.journal_tools import journal_message_search, journal_tool_call_view
+from memstream.agents_ctx.read_your_writes import wait_for_messages
 from memstream.agents_ctx.services import Services
 from memstream.errors import InfraError, InvalidRequest
 from memstream.infra.llm.ports import SummaryModel
@@ -59,6 +60,7 @@ def _query_int(request: Request, name: str, default: int) -> int:
 @router.post("/journal/search")
 async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await _body(request)
+    await wait_for_messages(svc, caller, body.get("after"))  # read-your-writes
     result = await journal_message_search(
         caller,
         body.get("query"),

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.memory.store import MemoryService
+from memstream.agents_ctx.read_your_writes import wait_for_memory
 from memstream.agents_ctx.services import Services
 from memstream.errors import InfraError, InvalidRequest
 from memstream.schemas.records import JSONObject
@@ -56,12 +57,16 @@ async def memory_store(request: Request, caller: CallerDep, svc: ServicesDep) ->
         scope=body.get("scope"),
         importance=body.get("importance"),
     )
-    return JSONResponse({"status": result.status, "entry": result.entry.to_dict()})
+    # position: the entry version; recall with "after" waits until the index applied it
+    return JSONResponse(
+        {"status": result.status, "entry": result.entry.to_dict(), "position": result.entry.version}
+    )
 
 
 @router.post("/memory/recall")
 async def memory_recall(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await _body(request)
+    await wait_for_memory(svc, caller, body.get("after"))  # read-your-writes
     result = await _memory(svc).recall(
         caller, body.get("query"), limit=body.get("limit"), category=body.get("category")
     )

@@ -1,0 +1,269 @@
+"""The three rebuild targets of ``memstream replay``: messages, memory, counters.
+
+Generation names (generation 1 is what a fresh deployment starts with):
+
+- ``messages`` (ClickHouse): the database ``<clickhouse_database>`` for generation 1, then
+  ``<clickhouse_database>_v2``, ``_v3``... each holding its own ``messages`` and
+  ``thread_users`` tables. The switch sets the live :class:`MessageStore`'s ``database``
+  (search and the message projector share that object in ``memstream up``).
+- ``memory`` (Qdrant): collections are named from ``(account, environment)``; generation N>1
+  uses the environment ``<environment>.vN`` in that name, so every account's collection
+  has a fresh twin. The switch sets the live :class:`MemoryIndex`'s ``environment``.
+- ``counters`` (Redis): a thread's threshold counters are rebuilt into
+  ``ms:{thread}:counters.gN`` with replay-own message claims; the switch renames each rebuilt
+  hash over the live one (atomic per thread; a thread whose messages are all summarized has
+  its live counters deleted). Messages at or below a thread's summarized watermark are not
+  counted, as in the live processor; a replay never publishes ``summary.requested`` (the next
+  live message of a thread past its thresholds asks for the summary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import redis.asyncio as aioredis
+
+from memstream.errors import InvalidRequest
+from memstream.infra import redis_keys
+from memstream.infra.summary_store import SummaryStore
+from memstream.infra.thread_state import ThreadState
+from memstream.projections.memory_index.index import MemoryIndex
+from memstream.projections.memory_index.layout import collection_name
+from memstream.projections.memory_index.rules import op_for_event
+from memstream.projections.messages import MessageRow, MessageStore, row_of_envelope
+from memstream.schemas.events import Envelope, message_of
+from memstream.schemas.records import ThreadRef
+
+__all__ = [
+    "CountersSink",
+    "MemorySink",
+    "MessagesSink",
+    "database_of",
+    "environment_of",
+]
+
+
+def database_of(base: str, generation: int) -> str:
+    """ClickHouse database of a ``messages`` generation."""
+    return base if generation <= 1 else f"{base}_v{generation}"
+
+
+def environment_of(base: str, generation: int) -> str:
+    """The environment string naming a ``memory`` generation's collections."""
+    return base if generation <= 1 else f"{base}.v{generation}"
+
+
+class MessagesSink:
+    """Rebuilds the ClickHouse message tables into a fresh database."""
+
+    name = "messages"
+
+    def __init__(self, live: MessageStore, base_database: str) -> None:
+        self.live = live
+        self.base = base_database
+
+    def restore(self, extra: dict[str, list[str]]) -> None:
+        return None
+
+    def bookkeeping(self) -> dict[str, list[str]]:
+        return {}
+
+    def store(self, generation: int) -> MessageStore:
+        return MessageStore(self.live.engine, database_of(self.base, generation))
+
+    async def prepare(self, generation: int, *, fresh: bool) -> None:
+        target = self.store(generation)
+        if target.database == self.live.database:
+            raise InvalidRequest("cannot rebuild into the current generation", field="generation")
+        if fresh:
+            await target.engine.command(f"DROP DATABASE IF EXISTS {target.database}")
+        await target.ensure_schema()
+
+    async def apply(self, generation: int, events: Sequence[Envelope]) -> tuple[int, int]:
+        rows: dict[tuple[str, str, str, int], MessageRow] = {}
+        dups = 0
+        for env in events:
+            row = row_of_envelope(env)
+            if row is None:
+                continue
+            key = (row.account_id, row.agent_id, row.thread_id, row.offset)
+            if key in rows:
+                dups += 1
+                continue
+            rows[key] = row
+        written = await self.store(generation).write(list(rows.values())) if rows else 0
+        return written, dups
+
+    async def switch(self, generation: int) -> None:
+        self.live.database = database_of(self.base, generation)
+
+    async def drop(self, generation: int) -> None:
+        db = database_of(self.base, generation)
+        if db != self.live.database:
+            await self.live.engine.command(f"DROP DATABASE IF EXISTS {db}")
+
+
+class MemorySink:
+    """Rebuilds every account's memory collection into a fresh twin."""
+
+    name = "memory"
+
+    def __init__(self, live: MemoryIndex, base_environment: str) -> None:
+        self.live = live
+        self.base = base_environment
+        self.accounts: set[str] = set()
+
+    def restore(self, extra: dict[str, list[str]]) -> None:
+        self.accounts.update(extra.get("accounts", []))
+
+    def bookkeeping(self) -> dict[str, list[str]]:
+        return {"accounts": sorted(self.accounts)}
+
+    def index(self, generation: int) -> MemoryIndex:
+        return MemoryIndex(
+            self.live.backend, self.live.embedder, environment=environment_of(self.base, generation)
+        )
+
+    async def prepare(self, generation: int, *, fresh: bool) -> None:
+        if environment_of(self.base, generation) == self.live.environment:
+            raise InvalidRequest("cannot rebuild into the current generation", field="generation")
+        if fresh:
+            for account in self.accounts:
+                await self.live.backend.drop_collection(
+                    collection_name(account, environment_of(self.base, generation))
+                )
+
+    async def apply(self, generation: int, events: Sequence[Envelope]) -> tuple[int, int]:
+        ops = []
+        for env in events:
+            op = op_for_event(env)
+            if op is not None:
+                self.accounts.add(env.account_id)
+                ops.append(op)
+        return (await self.index(generation).apply(ops) if ops else 0), 0
+
+    async def switch(self, generation: int) -> None:
+        self.live.environment = environment_of(self.base, generation)
+
+    async def drop(self, generation: int) -> None:
+        env = environment_of(self.base, generation)
+        if env == self.live.environment:
+            return
+        for account in sorted(self.accounts):
+            await self.live.backend.drop_collection(collection_name(account, env))
+
+
+# Count one message into the rebuilt counters: KEYS rebuilt hash, replay claim, live watermark;
+# ARGV offset, tokens, claim ttl. Returns 1 counted, 0 already counted, -1 summarized,
+# -2 no watermark (load it from the summary store, then call again).
+_REPLAY_COUNT: Final = """
+local wm = redis.call('GET', KEYS[3])
+if not wm then return -2 end
+if tonumber(ARGV[1]) <= tonumber(wm) then return -1 end
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return 0 end
+redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'messages', 1)
+return 1
+"""
+
+# KEYS rebuilt hash, live hash. The rebuilt counters replace the live ones (or none remain).
+_SWITCH: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('RENAME', KEYS[1], KEYS[2])
+  return 1
+end
+redis.call('DEL', KEYS[2])
+return 0
+"""
+
+
+class CountersSink:
+    """Rebuilds the per-thread threshold counters beside the live ones, then swaps them."""
+
+    name = "counters"
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        summaries: SummaryStore,
+        *,
+        claim_ttl_s: int = 7 * 24 * 3600,
+    ) -> None:
+        self.redis = redis
+        self.summaries = summaries
+        self.state = ThreadState(redis)
+        self.claim_ttl = claim_ttl_s
+        self._count = redis.register_script(_REPLAY_COUNT)
+        self._switch = redis.register_script(_SWITCH)
+
+    @staticmethod
+    def rebuilt_key(ref: ThreadRef, generation: int) -> str:
+        return f"{redis_keys.counters(ref)}.g{generation}"
+
+    @staticmethod
+    def _claim_key(ref: ThreadRef, generation: int, offset: int) -> str:
+        return f"{redis_keys.message_claim(ref, offset)}.g{generation}"
+
+    def _threads_key(self, generation: int) -> str:
+        return f"{redis_keys.PREFIX}:replay:counters.g{generation}:threads"
+
+    def restore(self, extra: dict[str, list[str]]) -> None:
+        return None  # the thread set lives in Redis beside the counters
+
+    def bookkeeping(self) -> dict[str, list[str]]:
+        return {}
+
+    async def prepare(self, generation: int, *, fresh: bool) -> None:
+        if not fresh:
+            return
+        threads = await self.redis.smembers(self._threads_key(generation))
+        for raw in threads:
+            ref = _ref_of(raw)
+            await self.redis.delete(self.rebuilt_key(ref, generation))
+        await self.redis.delete(self._threads_key(generation))
+
+    async def apply(self, generation: int, events: Sequence[Envelope]) -> tuple[int, int]:
+        written = dups = 0
+        for env in events:
+            if env.type != "message.appended":
+                continue
+            msg = message_of(env)
+            ref = ThreadRef(msg.account_id, msg.agent_id, msg.thread_id)
+            keys = [
+                self.rebuilt_key(ref, generation),
+                self._claim_key(ref, generation, msg.offset),
+                redis_keys.watermark(ref),
+            ]
+            args = [msg.offset, max(0, msg.token_count), self.claim_ttl]
+            status = int(await self._count(keys=keys, args=args))
+            if status == -2:
+                current = await self.summaries.get_stored(ref)
+                await self.state.init_watermark(
+                    ref, current.last_message_offset if current is not None else -1
+                )
+                status = int(await self._count(keys=keys, args=args))
+            await self.redis.sadd(self._threads_key(generation), ref.key)
+            if status == 1:
+                written += 1
+            elif status == 0:
+                dups += 1
+        return written, dups
+
+    async def switch(self, generation: int) -> None:
+        threads = await self.redis.smembers(self._threads_key(generation))
+        for raw in threads:
+            ref = _ref_of(raw)
+            await self._switch(
+                keys=[self.rebuilt_key(ref, generation), redis_keys.counters(ref)], args=[]
+            )
+        await self.redis.delete(self._threads_key(generation))
+
+    async def drop(self, generation: int) -> None:
+        return None  # the switch renamed the rebuilt counters over the old ones
+
+
+def _ref_of(raw: bytes | str) -> ThreadRef:
+    key = raw.decode() if isinstance(raw, bytes) else raw
+    account, agent, thread = key.split("/", 2)
+    return ThreadRef(account, agent, thread)
