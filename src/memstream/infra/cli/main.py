@@ -270,7 +270,10 @@ def produce(
 
 
 def main() -> None:
-    from memstream.infra.cli import ops  # noqa: F401 - registers lag and dlq commands
+    from memstream.infra.cli import (
+        ops,  # noqa: F401 - registers lag and dlq commands
+        replay_cmd,  # noqa: F401 - registers replay
+    )
 
     with contextlib.suppress(BrokenPipeError):
         app()
