@@ -1,6 +1,6 @@
 """The stream runtime against a real broker: fan-out, dead letters, retry, lag.
 
-One Runner (three processors, each its own faust App and consumer group) is shared by the
+One Runner (three processors, each its own consumer group) is shared by the
 module; each test writes events with its own marker and only looks at those.
 """
 
@@ -20,7 +20,7 @@ from memstream.infra.metrics import Metrics, make_metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.events import Envelope, encode, thread_event
 from memstream.schemas.topics import JOURNAL, Topics
-from memstream.streams.app import group_id
+from memstream.streams.consumer import group_id
 from memstream.streams.dlq import list_dead_letters, retry_dead_letters
 from memstream.streams.lag import consumer_lag, max_lag, processor_groups
 from memstream.streams.processor import EventMeta, Processor, Received, RetryPolicy

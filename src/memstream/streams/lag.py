@@ -71,7 +71,7 @@ def processor_groups(
 
     Topics are given as suffixes (``memstream.schemas.topics``) and get the settings' prefix.
     """
-    from memstream.streams.app import group_id  # local: app imports faust (heavy)
+    from memstream.streams.consumer import group_id
 
     topics = Topics(settings.topic_prefix)
     out: dict[str, list[str]] = {}

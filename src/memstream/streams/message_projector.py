@@ -7,7 +7,7 @@ Guarantees:
 
 - A batch's offsets are committed only after :meth:`handle_batch` returned, which is after
   ClickHouse committed the insert (the runtime acks only then; see
-  :mod:`memstream.streams.app`). A crash before that re-delivers the batch.
+  :mod:`memstream.streams.consumer`). A crash before that re-delivers the batch.
 - Idempotent: a redelivered or replayed message maps to an identical row with the same key,
   so search still returns it once (see :mod:`memstream.projections.messages.store`).
 - Only user and assistant text is stored; system messages, tool results and reasoning

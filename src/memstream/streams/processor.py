@@ -6,7 +6,7 @@ and either ``handle(envelope, meta)`` or, for processors that write in batches (
 ``handle_batch(items)`` with ``batch_max`` > 1. It receives decoded envelopes; it never sees
 raw bytes, offsets to commit, or the dead-letter topic.
 
-:class:`Dispatcher` owns the rules around the handler (faust-free, so it is testable alone):
+:class:`Dispatcher` owns the rules around the handler (Kafka-free, so it is testable alone):
 
 - raw bytes are decoded with :func:`memstream.schemas.events.decode`; a ``DecodeError``
   sends the record to the dead-letter topic at once (retrying cannot fix bad bytes);
@@ -20,7 +20,8 @@ raw bytes, offsets to commit, or the dead-letter topic.
   are idempotent); a batch whose retries were exhausted is dead-lettered whole (no record is
   to blame; ``memstream dlq retry`` re-publishes it once the store is back);
 - :meth:`Dispatcher.dispatch` returns only once every record of the batch was either handled
-  or durably written to the dead-letter topic; the faust glue acks (commits) only then.
+  or durably written to the dead-letter topic; the consumer commits offsets only then
+  (:mod:`memstream.streams.consumer`).
   Publishing to the dead-letter topic is retried until it succeeds or the task is cancelled,
   so a record is never acknowledged without one of the two outcomes.
 
@@ -39,6 +40,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from memstream.errors import RetryableInfraError
 from memstream.infra.metrics import Metrics
@@ -176,6 +178,7 @@ class Dispatcher:
         self._errors_decode = metrics.processor_errors.labels(name, "decode")
         self._errors_handler = metrics.processor_errors.labels(name, "handler")
         self._errors_retry = metrics.processor_errors.labels(name, "retry")
+        self._processed: dict[str, Any] = {}  # topic -> counter child (labels() is slow)
 
     async def dispatch(self, records: Sequence[RawRecord]) -> None:
         """Handle ``records`` (one batch, in order). Returns when each is applied or in the DLQ."""
@@ -209,7 +212,11 @@ class Dispatcher:
         for rec in records:
             by_topic[rec.meta.topic] = by_topic.get(rec.meta.topic, 0) + 1
         for topic, n in by_topic.items():
-            self._metrics.events_processed.labels(self.processor.name, topic).inc(n)
+            counter = self._processed.get(topic)
+            if counter is None:
+                counter = self._metrics.events_processed.labels(self.processor.name, topic)
+                self._processed[topic] = counter
+            counter.inc(n)
 
     async def _run(self, items: list[Received]) -> BaseException | None:
         """Call the handler with retries; the final exception, or None on success."""

@@ -1,9 +1,10 @@
-"""Host several processor Apps in one asyncio loop.
+"""Host several processors in one asyncio loop.
 
 ``memstream up`` hosts every processor in its one process; ``memstream worker A B`` hosts the
-chosen ones. Each processor still gets its own faust App and consumer group (so its lag,
-replay and scaling stay its own); the Apps are started with ``await app.start()`` side by
-side, without faust's ``Worker`` (which wants to own the loop, signals and logging).
+chosen ones. Each processor gets its own consumer group and aiokafka consumer
+(:class:`~memstream.streams.consumer.ProcessorConsumer`), so its lag, replay and scaling stay
+its own; their poll loops run side by side as tasks of the current loop. Output and
+dead-letter records of every hosted processor go through one shared producer (``acks=all``).
 
 The composition root owns the mapping from processor names to factories and passes it in
 (``Runner(settings, {"counters": make_counters, ...}, metrics)``): there is no global
@@ -12,12 +13,12 @@ registry. A factory is a zero-argument callable returning a fresh
 
 Guarantees:
 
-- ``start()`` starts each processor (``Processor.start``) before its App, so no record is
-  handed over before the processor is ready; if one fails to start, those already started
+- ``start()`` starts each processor (``Processor.start``) before its consumer, so no record
+  is handed over before the processor is ready; if one fails to start, those already started
   are stopped and the error propagates.
-- ``stop()`` stops Apps in reverse order; faust finishes the record in hand and commits
-  acknowledged offsets; then ``Processor.stop`` runs. Records not yet acknowledged are
-  re-delivered to the next member of the group (at-least-once).
+- ``stop()`` stops consumers in reverse order: each finishes the batch in hand, commits the
+  offsets it handled and leaves its group; then ``Processor.stop`` runs. Records not yet
+  handled are re-delivered to the next member of the group (at-least-once).
 - ``run_until_stopped()`` returns after SIGINT/SIGTERM (or ``request_stop()``, or
   cancellation), always having called ``stop()``.
 - While running, consumer lag of every hosted group is refreshed into the
@@ -34,13 +35,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-import faust
+from aiokafka import AIOKafkaProducer
 
 from memstream.errors import InvalidRequest
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
-from memstream.streams.app import attach_processor, last_commit_time, make_app
+from memstream.streams.consumer import ProcessorConsumer
 from memstream.streams.lag import consumer_lag
 from memstream.streams.processor import Processor, ProcessorContext, RetryPolicy
 
@@ -53,12 +54,15 @@ ProcessorFactory = Callable[[], Processor]
 
 @dataclass(slots=True)
 class HostedProcessor:
-    """One running processor: its faust App and the context it was started with."""
+    """One running processor: its consumer and the context it was started with."""
 
     name: str
     processor: Processor
-    app: faust.App
-    ctx: ProcessorContext
+    consumer: ProcessorConsumer
+
+    @property
+    def ctx(self) -> ProcessorContext:
+        return self.consumer.ctx
 
     @property
     def group_id(self) -> str:
@@ -70,17 +74,15 @@ class HostedProcessor:
 
     def assigned(self) -> bool:
         """True once the consumer holds at least one partition of the group."""
-        try:
-            return bool(self.app.consumer.assignment())
-        except Exception:  # consumer not built yet
-            return False
+        return self.consumer.assigned()
 
     def last_commit(self) -> float | None:
-        return last_commit_time(self.app)
+        """Unix time of this processor's last commit in this process, or None."""
+        return self.consumer.last_commit
 
 
 class Runner:
-    """Runs the selected processors, each its own App and group, in the current loop."""
+    """Runs the selected processors, each its own consumer group, in the current loop."""
 
     def __init__(
         self,
@@ -114,6 +116,7 @@ class Runner:
         self._hosted: list[HostedProcessor] = []
         self._stop = asyncio.Event()
         self._lag_task: asyncio.Task[None] | None = None
+        self._producer: AIOKafkaProducer | None = None
 
     @property
     def hosted(self) -> Sequence[HostedProcessor]:
@@ -127,6 +130,12 @@ class Runner:
 
     async def start(self) -> None:
         try:
+            if not self._bootstrap.strip():
+                raise ValueError("kafka_bootstrap is empty: start the embedded broker or set it")
+            self._producer = AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap, acks="all", linger_ms=2
+            )
+            await self._producer.start()
             for name in self._names:
                 processor = self._factories[name]()
                 if processor.name != name:
@@ -134,14 +143,18 @@ class Runner:
                         f"factory for {name!r} built processor named {processor.name!r}",
                         field="processors",
                     )
-                app = make_app(name, self.settings, bootstrap=self._bootstrap)
-                ctx = attach_processor(
-                    app, processor, self.settings, self.metrics, retry=self._retry
+                consumer = ProcessorConsumer(
+                    processor,
+                    self.settings,
+                    self.metrics,
+                    bootstrap=self._bootstrap,
+                    publish=self._publish,
+                    retry=self._retry,
                 )
-                await processor.start(ctx)
-                self._hosted.append(HostedProcessor(name, processor, app, ctx))
-            # Apps join their groups concurrently: a join takes ~half a session timeout.
-            await asyncio.gather(*(h.app.start() for h in self._hosted))
+                await processor.start(consumer.ctx)
+                self._hosted.append(HostedProcessor(name, processor, consumer))
+            # Consumers join their groups concurrently: a join takes ~half a session timeout.
+            await asyncio.gather(*(h.consumer.start() for h in self._hosted))
             for h in self._hosted:
                 log.info("processor %s started (group %s)", h.name, h.group_id)
         except BaseException:
@@ -156,8 +169,13 @@ class Runner:
             while not all(h.assigned() for h in self._hosted):
                 await asyncio.sleep(0.05)
 
+    async def _publish(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Send one record through the shared producer; acknowledged by the broker on return."""
+        assert self._producer is not None, "Runner.start() was not called"
+        await self._producer.send_and_wait(topic, value, key=key)
+
     async def stop(self) -> None:
-        """Stop every hosted App, then its processor. Safe to call twice."""
+        """Stop every hosted consumer, then its processor, then the producer. Idempotent."""
         if self._lag_task is not None:
             self._lag_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -166,14 +184,20 @@ class Runner:
         while self._hosted:
             h = self._hosted.pop()
             try:
-                await h.app.stop()
+                await h.consumer.stop()
             except Exception:
-                log.exception("processor %s: error while stopping its app", h.name)
+                log.exception("processor %s: error while stopping its consumer", h.name)
             try:
                 await h.processor.stop()
             except Exception:
                 log.exception("processor %s: error in stop()", h.name)
             log.info("processor %s stopped", h.name)
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                await producer.stop()
+            except Exception:
+                log.exception("error while stopping the processors' producer")
 
     def request_stop(self) -> None:
         self._stop.set()
