@@ -57,7 +57,8 @@ async def test_recall_through_the_index_and_fallback_when_it_is_empty_or_down(
     pg_pool: asyncpg.Pool, index: MemoryIndex, tmp_path: Path
 ) -> None:
     clock = FixedClock()
-    svc = MemoryService(pg_pool, clock, index=index)
+    # generous timeout: the first query loads the model, and the test machine is busy
+    svc = MemoryService(pg_pool, clock, index=index, index_timeout_s=60)
     alice = Caller("acc-idx", "bot", "alice")
     for key, content, cat, imp in FACTS:
         await svc.store(alice, key, content, cat, "shared", imp)

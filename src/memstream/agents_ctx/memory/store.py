@@ -51,8 +51,8 @@ log = logging.getLogger(__name__)
 INDEX_OVERFETCH: Final = 3
 """Ask the index for 3× the limit: some candidates may be stale and dropped by Postgres."""
 
-INDEX_TIMEOUT_S: Final = 2.0
-"""An index slower than this is treated as down for this call (fallback)."""
+INDEX_TIMEOUT_S: Final = 5.0
+"""Default: an index slower than this is treated as down for this call (fallback)."""
 
 # Visible, live entries of one agent: $1 account, $2 agent, $3 user (or NULL), $4 now.
 _VISIBLE: Final = (
@@ -89,8 +89,10 @@ class MemoryService:
         clock: Clock,
         index: MemoryIndexPort | None = None,
         metrics: Metrics | None = None,
+        index_timeout_s: float = INDEX_TIMEOUT_S,
     ) -> None:
         self._pool = pool
+        self._index_timeout = index_timeout_s
         self._clock = clock
         self._index = index
         self._metrics = metrics
@@ -220,7 +222,7 @@ class MemoryService:
                 self._index.query(
                     caller.account_id, caller.agent_id, caller.user_id, query, limit, cat, now
                 ),
-                INDEX_TIMEOUT_S,
+                self._index_timeout,
             )
         except Exception as e:  # any index failure means: answer from Postgres instead
             log.warning("memory index query failed, using keyword fallback: %r", e)
