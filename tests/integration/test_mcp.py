@@ -1,23 +1,29 @@
 """The MCP gateway through a real MCP client session (the mcp package's in-process
-transport, JSON-RPC framing included) over a real embedded Postgres: exactly the three
+transport, JSON-RPC framing included, and a stdio subprocess) over a real embedded Postgres: exactly the three
 memory tools with typed schemas, calls that work, the private → shared gateway rule, and
 errors that name the field."""
 
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 
 from memstream.agents_ctx.mcp_server import TOOL_NAMES, build_mcp_server
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import FixedClock
+from memstream.infra.accounts import Accounts
+from memstream.infra.postgres import create_pool, migrate
 from memstream.schemas.records import Caller
+from tests.fixtures.stores import fresh_database
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -169,3 +175,36 @@ async def refused_calls_name_the_field_and_write_nothing(
     )
     assert pii.is_error and "private_requires_user" in pii.content[0].text
     assert await memory.list_visible(Caller("acme", agent, None)) == []
+
+
+async def test_stdio_transport_in_a_subprocess(pg_dsn: str, tmp_path: Path) -> None:
+    """``python -m memstream.agents_ctx.mcp_server`` over stdio, as an MCP host runs it."""
+    dsn = await fresh_database(pg_dsn)
+    pool = await create_pool(dsn)
+    try:
+        await migrate(pool)
+        await Accounts(pool).create_key("acme")
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "memstream.agents_ctx.mcp_server", "--account", "acme", "--agent", "gw"],
+            env={"MEMSTREAM_POSTGRES_DSN": dsn, "MEMSTREAM_DATA_DIR": str(tmp_path)},
+        )
+        async with Client(params, mode="legacy") as client:
+            names = sorted(t.name for t in (await client.list_tools()).tools)
+            assert names == sorted(TOOL_NAMES)
+            r = structured(
+                await client.call_tool(
+                    "memory_store",
+                    {
+                        "key": "k",
+                        "content": "likes tea",
+                        "category": "user_profile",
+                        "scope": "private",
+                    },
+                )
+            )
+            assert r["entry"]["visibility"] == "shared"
+        rows = await pool.fetch("SELECT key, visibility FROM memory_entries WHERE agent_id = 'gw'")
+        assert [(x["key"], x["visibility"]) for x in rows] == [("k", "shared")]
+    finally:
+        await pool.close()

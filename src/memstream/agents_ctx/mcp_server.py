@@ -30,7 +30,7 @@ from pydantic import Field
 from memstream import __version__
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.agents_ctx.validation import check_id
-from memstream.errors import MemstreamError
+from memstream.errors import MemstreamError, NotFound
 from memstream.infra.settings import Settings
 from memstream.schemas.limits import RECALL_MAX_LIMIT
 from memstream.schemas.records import Caller
@@ -143,6 +143,7 @@ async def run_mcp(
 ) -> None:
     """Serve the MCP gateway until cancelled (stdio: until stdin closes).
 
+    The account must exist (:class:`NotFound` otherwise); the agent is created if needed.
     Connects to the configured Postgres (``MEMSTREAM_POSTGRES_DSN``); recall uses the Qdrant
     server when ``MEMSTREAM_QDRANT_URL`` is set and otherwise answers from Postgres keyword
     search (the in-process qdrant-edge index belongs to the ``memstream up`` process).
@@ -155,6 +156,12 @@ async def run_mcp(
 
     pool = await create_pool(settings.postgres_dsn.get_secret_value())
     try:
+        known = await pool.fetchval("SELECT 1 FROM accounts WHERE account_id = $1", account_id)
+        if known is None:
+            raise NotFound(
+                f"no account {account_id!r}: create it with `memstream keys create {account_id}`",
+                field="account",
+            )
         await Accounts(pool).ensure_agent(account_id, agent_id)
         index: MemoryIndexPort | None = None
         if settings.qdrant_url:
@@ -170,3 +177,36 @@ async def run_mcp(
             await server.run_streamable_http_async(host=host, port=port)
     finally:
         await pool.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m memstream.agents_ctx.mcp_server --account A --agent B [--user U]
+    [--transport stdio|http] [--host H] [--port N]`` (settings from ``MEMSTREAM_*``)."""
+    import argparse
+    import asyncio
+    import sys
+
+    ap = argparse.ArgumentParser(prog="memstream mcp", description="The memstream MCP gateway.")
+    ap.add_argument("--account", required=True)
+    ap.add_argument("--agent", required=True)
+    ap.add_argument("--user", default=None)
+    ap.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8765)
+    a = ap.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    asyncio.run(
+        run_mcp(
+            Settings(),
+            a.account,
+            a.agent,
+            user_id=a.user,
+            transport=a.transport,
+            host=a.host,
+            port=a.port,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
