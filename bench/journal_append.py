@@ -4,8 +4,8 @@ Prints, for a local-folder SlateDB with ``flush_interval`` 5 ms:
 
 - durable appends/s through ``Journal.append`` (one message each, ~200 B of content) at
   concurrency 1, 16 and 64, with the writer's eager WAL flush on (default) and off;
-- the raw ceiling: batches of the same puts (message + sequence record per append, encoded
-  before timing) written straight to SlateDB with one durable wait per batch (batch size 64),
+- the raw ceiling: batches of the same puts the journal makes (one message record per
+  append, one sequence block per batch; all encoded before timing) written straight to SlateDB with one durable wait per batch (batch size 64),
   with and without an explicit WAL flush per batch; and the ratio journal/raw at
   concurrency 64;
 - single-append latency p50/p99 (one writer, one append at a time).
@@ -28,7 +28,7 @@ from slatedb.uniffi import DbBuilder, FlushOptions, FlushType, Settings, WriteBa
 
 from memstream.clock import SystemClock, epoch_ms
 from memstream.infra.journal import Journal, fastpath, keys, local_store
-from memstream.infra.journal.codec import encode_message
+from memstream.infra.journal.codec import encode_message, encode_seq_block
 from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Message, NewMessage, ThreadRef
 
@@ -77,7 +77,7 @@ async def raw_rate(root: Path, batch: int, total: int, eager: bool) -> float:
     ref = ThreadRef("acct", "agent", "t")
     # the same keys and values the journal writes, encoded before the clock starts: the
     # ceiling is SlateDB (and its binding) alone
-    records: list[tuple[bytes, bytes, bytes, bytes]] = []
+    records: list[tuple[bytes, bytes, bytes]] = []
     for seq in range(1, max(1, total // batch) * batch + 1):
         m = Message(
             account_id="acct",
@@ -92,13 +92,17 @@ async def raw_rate(root: Path, batch: int, total: int, eager: bool) -> float:
             seq=seq,
         )
         env = encode(message_appended(m, epoch_ms(now)))
-        records.append((keys.message_key(ref, m.offset), encode_message(m), keys.seq_key(seq), env))
+        records.append((keys.message_key(ref, m.offset), encode_message(m), env))
+    blocks = [
+        (keys.seq_key(start + 1), encode_seq_block([r[2] for r in records[start : start + batch]]))
+        for start in range(0, len(records), batch)
+    ]
     t0 = time.perf_counter()
     for start in range(0, len(records), batch):
         wb = WriteBatch()
-        for mk, mv, sk, sv in records[start : start + batch]:
+        for mk, mv, _ in records[start : start + batch]:
             wb.put(mk, mv)
-            wb.put(sk, sv)
+        wb.put(*blocks[start // batch])
         h = await db.write(wb)
         if eager:
             await db.flush_with_options(FlushOptions(flush_type=FlushType.WAL))

@@ -196,6 +196,11 @@ async def test_group_commit_under_concurrency(journal: Journal) -> None:
         assert [m.offset for m in stored] == list(range(20))  # dense, no dup, no gap
     seqs = [s for s, _ in await journal.read_seq(0, 1000)]
     assert seqs == list(range(1, 201))
+    # the relay resumes mid-batch: seq blocks are split exactly at after_seq and limit
+    middle = await journal.read_seq(37, 50)
+    assert [s for s, _ in middle] == list(range(38, 88))
+    assert [message_of(decode(raw)).seq for _, raw in middle] == list(range(38, 88))
+    assert await journal.last_seq() == 200
     assert batches <= 20, f"{batches} durable waits for 200 appends: no group commit"
 
 

@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 
 from memstream.errors import InvalidRequest
 from memstream.infra.journal import keys
-from memstream.infra.journal.codec import ToolCallRecord, decode_tool_call, encode_tool_call
+from memstream.infra.journal.codec import (
+    ToolCallRecord,
+    decode_seq_block,
+    decode_tool_call,
+    encode_seq_block,
+    encode_tool_call,
+)
 from memstream.schemas.records import ThreadRef
 
 ids = st.text(min_size=0, max_size=20)  # any text, NUL and "/" included
@@ -116,3 +122,14 @@ def test_message_ids_sort_by_time_then_entropy(m1: int, e1: int, m2: int, e2: in
 )
 def test_tool_call_record_round_trip(rec: ToolCallRecord) -> None:
     assert decode_tool_call(encode_tool_call(rec)) == rec
+
+
+@given(st.lists(st.binary(max_size=300), max_size=20))
+def test_seq_block_round_trip(envelopes: list[bytes]) -> None:
+    assert decode_seq_block(encode_seq_block(envelopes)) == envelopes
+
+
+def test_truncated_seq_block_is_an_error() -> None:
+    raw = encode_seq_block([b"abc", b"defg"])
+    with pytest.raises(ValueError, match="truncated"):
+        decode_seq_block(raw[:-1])

@@ -1,4 +1,4 @@
-"""Values stored in the journal: messages, tool-call records. Pure: no I/O.
+"""Values stored in the journal: messages, tool-call records, sequence blocks. Pure: no I/O.
 
 Messages are stored as orjson of :meth:`Message.to_dict` (the same shape the ``journal``
 topic carries), so a stored message and a published one can never drift apart. Tool-call
@@ -7,7 +7,8 @@ records are a small JSON object; readers ignore fields they do not know.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -80,3 +81,35 @@ def decode_tool_call(raw: bytes) -> ToolCallRecord:
     if not isinstance(obj, dict):
         raise ValueError("stored tool call is not a JSON object")
     return ToolCallRecord.from_dict(obj)
+
+
+# --- sequence blocks ---------------------------------------------------------------------------
+_LEN = struct.Struct(">I")
+
+
+def encode_seq_block(envelopes: Sequence[bytes]) -> bytes:
+    """The encoded envelopes of consecutive seqs, as one value: ``(u32 length, bytes)*``.
+
+    One group commit writes one block (keyed by its first seq) instead of one key per seq:
+    half the puts per message, and the relay reads a whole batch with one key.
+    """
+    parts: list[bytes] = []
+    for env in envelopes:
+        parts.append(_LEN.pack(len(env)))
+        parts.append(env)
+    return b"".join(parts)
+
+
+def decode_seq_block(raw: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise ValueError("truncated sequence block")
+        (n,) = _LEN.unpack_from(raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            raise ValueError("truncated sequence block")
+        out.append(raw[pos : pos + n])
+        pos += n
+    return out

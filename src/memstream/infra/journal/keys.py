@@ -5,7 +5,9 @@ Every key starts with a one-byte keyspace tag, followed by an order-preserving t
 unsigned 64-bit big-endian)::
 
     m | account | agent | thread | offset:u64   -> one Message (orjson of Message.to_dict())
-    s | seq:u64                                  -> one encoded Envelope (the relay's log)
+    s | first_seq:u64                            -> a block of encoded Envelopes, seqs
+                                                    first_seq, first_seq+1, ... (one per
+                                                    group commit; the relay's log)
     t | account | agent | tool_call_id          -> one ToolCallRecord
     w | name                                     -> journal metadata (relay watermark)
 

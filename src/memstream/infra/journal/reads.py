@@ -25,7 +25,12 @@ from slatedb.uniffi import (
 
 from memstream.errors import InvalidRequest, JournalError
 from memstream.infra.journal import keys
-from memstream.infra.journal.codec import ToolCallRecord, decode_message, decode_tool_call
+from memstream.infra.journal.codec import (
+    ToolCallRecord,
+    decode_message,
+    decode_seq_block,
+    decode_tool_call,
+)
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.schemas.records import Message, ThreadRef
 
@@ -154,23 +159,46 @@ class JournalReads:
             return []
         if after_seq < 0:
             raise InvalidRequest("after_seq must be >= 0", field="after_seq")
-        span = KeyRange(
-            start=keys.u64(after_seq + 1, field="after_seq"),
-            start_inclusive=True,
-            end=None,
-            end_inclusive=False,
+        want = after_seq + 1
+        # the block holding ``want`` is the last one that starts at or before it
+        head = await self._scan(
+            keys.SEQUENCE,
+            KeyRange(
+                start=None,
+                start_inclusive=False,
+                end=keys.u64(want, field="after_seq"),
+                end_inclusive=True,
+            ),
+            limit=1,
+            descending=True,
+            doing="reading the sequence",
         )
-        rows = await self._scan(
-            keys.SEQUENCE, span, limit=limit, descending=False, doing="reading the sequence"
-        )
-        return [(keys.read_u64(kv.key[1:]), kv.value) for kv in rows]
+        start = keys.decode_seq_key(head[0].key) if head else want
+        out: list[tuple[int, bytes]] = []
+        span = KeyRange(start=keys.u64(start), start_inclusive=True, end=None, end_inclusive=False)
+        try:
+            it = await self._db.scan_prefix_with_options(keys.SEQUENCE, span, _ASC)
+            while len(out) < limit:
+                rows = await it.next_batch(8)
+                for kv in rows:
+                    first = keys.decode_seq_key(kv.key)
+                    for i, env in enumerate(decode_seq_block(kv.value)):
+                        if first + i >= want and len(out) < limit:
+                            out.append((first + i, env))
+                if len(rows) < 8:
+                    break
+        except SLATE_FAILURES as e:
+            raise self._fail(e, "reading the sequence") from e
+        return out
 
     async def last_seq(self) -> int:
         """The highest durable seq (0 when the journal is empty)."""
         rows = await self._scan(
             keys.SEQUENCE, _ALL, limit=1, descending=True, doing="reading the sequence"
         )
-        return keys.decode_seq_key(rows[0].key) if rows else 0
+        if not rows:
+            return 0
+        return keys.decode_seq_key(rows[0].key) + len(decode_seq_block(rows[0].value)) - 1
 
     async def relay_watermark(self) -> int:
         """The highest seq the relay recorded as published (0 if none)."""

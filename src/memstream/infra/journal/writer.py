@@ -13,8 +13,9 @@ Guarantees:
   concurrency can neither duplicate nor skip one. A thread's next offset is recovered from
   its last stored key (a descending scan) the first time the writer touches it, so it
   survives restarts; the global ``seq`` (from 1, no gaps) is recovered the same way on open.
-- **Every message, and every ``thread.*`` event, gets a seq** written in the same batch,
-  holding the encoded ``Envelope`` the relay publishes.
+- **Every message, and every ``thread.*`` event, gets a seq** written in the same batch:
+  each group commit writes one sequence block (keyed by its first seq) holding the encoded
+  ``Envelope`` of each of its seqs, which the relay publishes.
 - **Fencing.** When a newer writer opens the same database, this writer's next operation
   raises :class:`~memstream.errors.JournalFenced`, and every later ``append`` raises it too.
   A write that failed is never acknowledged. After *any* failed commit the writer stops
@@ -49,7 +50,7 @@ from slatedb.uniffi import Settings as SlateSettings
 from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InvalidRequest, JournalError, JournalFenced, JournalUnavailable
 from memstream.infra.journal import fastpath, keys
-from memstream.infra.journal.codec import ToolCallRecord, encode_tool_call
+from memstream.infra.journal.codec import ToolCallRecord, encode_seq_block, encode_tool_call
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.infra.journal.reads import JournalReads
 from memstream.infra.metrics import Metrics
@@ -363,6 +364,7 @@ class Journal(JournalReads):
         ts = epoch_ms(now)
         st = _Staged(seq=self._seq, watermark=self._watermark)
         tools: dict[bytes, ToolCallRecord] = {}
+        block: list[bytes] = []  # envelopes of seqs self._seq+1 .. st.seq, one value
         next_id = self._ids.next
         for req in batch:
             if req.kind == "messages":
@@ -395,8 +397,8 @@ class Journal(JournalReads):
                     # env.data is msg.to_dict(): the stored and the published message are
                     # the same bytes' worth of fields, serialized once each
                     wb.put(prefix + keys.u64(msg.offset), orjson.dumps(env.data))
-                    wb.put(keys.seq_key(st.seq), encode(env))
-                    st.puts += 2
+                    block.append(encode(env))
+                    st.puts += 1
                     if msg.tool_calls or msg.tool_call_id:
                         st.puts += await self._stage_tool_calls(wb, msg, tools)
                     msgs.append(msg)
@@ -405,13 +407,15 @@ class Journal(JournalReads):
             elif req.kind == "event":
                 assert req.env is not None
                 st.seq += 1
-                wb.put(keys.seq_key(st.seq), encode(req.env))
-                st.puts += 1
+                block.append(encode(req.env))
                 req.result = st.seq
             elif req.watermark > st.watermark:
                 st.watermark = req.watermark
                 wb.put(keys.RELAY_WATERMARK, keys.u64(st.watermark))
                 st.puts += 1
+        if block:
+            wb.put(keys.seq_key(self._seq + 1), encode_seq_block(block))
+            st.puts += 1
         return st
 
     async def _offset_of(self, ref: ThreadRef) -> int:
