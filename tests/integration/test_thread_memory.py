@@ -135,6 +135,26 @@ async def test_redelivered_crossing_message_republishes_the_same_request(
     assert first.id == again.id  # deterministic id per span end: consumers dedupe
 
 
+async def test_one_batch_gives_the_same_requests_as_one_at_a_time(
+    journal: Journal, counters: CountersProcessor, state: ThreadState
+) -> None:
+    a, b = new_ref(), new_ref()
+    msgs_a = await append(journal, a, chatter(60))
+    msgs_b = await append(journal, b, chatter(30))
+    # Interleaved threads, and a redelivered run of a's first ten messages in the same batch.
+    pairs = zip(msgs_a[:30], msgs_b, strict=True)
+    batch = [m for pair in pairs for m in pair] + msgs_a[30:] + msgs_a[:10]
+    requests = await counters.count_many(batch)
+    assert [(r.thread_id, r.data["up_to_offset"]) for r in requests] == [(a.thread_id, 49)]
+    assert requests[0].data["message_count"] == 50
+    assert await state.counters(a) == (sum(m.token_count for m in msgs_a), 60)
+    assert await state.counters(b) == (sum(m.token_count for m in msgs_b), 30)
+    # Redelivering the whole batch re-publishes the same request and counts nothing.
+    again = await counters.count_many(batch)
+    assert [r.id for r in again] == [requests[0].id]
+    assert (await state.counters(a))[1] == 60
+
+
 # --- summaries -----------------------------------------------------------------------------
 async def test_summary_progressive_chaining_and_counter_reset(
     journal: Journal, counters: CountersProcessor, state: ThreadState, store: SummaryStore

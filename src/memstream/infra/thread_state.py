@@ -9,6 +9,10 @@ Guarantees:
 - :meth:`ThreadState.count_message` claims the message and increments both counters in one
   step: a redelivered or replayed message is never counted twice, and a message at or below
   the watermark (already folded into a summary) is never counted at all.
+  :meth:`ThreadState.count_messages` runs the same step for many messages, in the given
+  order, in one pipelined round trip (each step is still atomic on its own).
+- :meth:`ThreadState.claim_guards` is :meth:`ThreadState.claim_guard` for many spans, in
+  order, in one round trip: the results are those of the same calls made one by one.
 - :meth:`ThreadState.apply_summary` subtracts a summarized span from the counters, raises the
   watermark and clears the guard in one step, at most once per summarized offset.
 - The lock is released only by its holder (token compare) and expires on its own, so a
@@ -20,7 +24,7 @@ Redis failures surface as :class:`~memstream.errors.RetryableInfraError`.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeVar, cast
 
@@ -130,6 +134,34 @@ class ThreadState:
         status, t, m, wm = (int(x) for x in cast(list[int], raw))
         return CountResult(_STATUS[status], t, m, wm)
 
+    async def count_messages(
+        self, items: Sequence[tuple[ThreadRef, int, int]], claim_ttl_s: int
+    ) -> list[CountResult]:
+        """:meth:`count_message` for each ``(ref, offset, tokens)``, in order, pipelined."""
+        if not items:
+            return []
+
+        async def run() -> list[object]:
+            pipe = self._redis.pipeline(transaction=False)
+            for ref, offset, tokens in items:
+                await self._count(
+                    keys=[
+                        redis_keys.counters(ref),
+                        redis_keys.message_claim(ref, offset),
+                        redis_keys.watermark(ref),
+                    ],
+                    args=[offset, max(0, tokens), claim_ttl_s],
+                    client=pipe,
+                )
+            return cast(list[object], await pipe.execute())
+
+        raws = await _call(run, "counting messages")
+        out = []
+        for raw in raws:
+            status, t, m, wm = (int(x) for x in cast(list[int], raw))
+            out.append(CountResult(_STATUS[status], t, m, wm))
+        return out
+
     async def counters(self, ref: ThreadRef) -> tuple[int, int]:
         """``(tokens, messages)`` since the last summary."""
         raw = await _call(
@@ -166,6 +198,22 @@ class ThreadState:
             "taking the summary guard",
         )
         return int(cast(int, res)) > 0
+
+    async def claim_guards(self, spans: Sequence[tuple[ThreadRef, int]], ttl_s: int) -> list[bool]:
+        """:meth:`claim_guard` for each ``(ref, up_to_offset)``, in order, pipelined."""
+        if not spans:
+            return []
+
+        async def run() -> list[object]:
+            pipe = self._redis.pipeline(transaction=False)
+            for ref, up_to in spans:
+                await self._claim_guard(
+                    keys=[redis_keys.guard(ref)], args=[up_to, ttl_s], client=pipe
+                )
+            return cast(list[object], await pipe.execute())
+
+        raws = await _call(run, "taking summary guards")
+        return [int(cast(int, r)) > 0 for r in raws]
 
     async def apply_summary(
         self, ref: ThreadRef, last_offset: int, tokens: int, messages: int
