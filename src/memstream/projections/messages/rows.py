@@ -20,14 +20,14 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import pyarrow as pa
 
 from memstream.errors import InvalidRequest
-from memstream.schemas.events import DecodeError, Envelope, message_of
-from memstream.schemas.records import Message
+from memstream.schemas.events import DecodeError, Envelope
+from memstream.schemas.records import ROLES, Message, parse_time
 
 SEARCHABLE_ROLES: Final = frozenset({"user", "assistant"})
 """The only roles whose text is projected (the spec: user and assistant messages only)."""
@@ -72,23 +72,78 @@ def row_of_message(msg: Message) -> MessageRow | None:
     )
 
 
+def _bad(what: str, field: str) -> DecodeError:
+    return DecodeError(f"message.appended: {what}", field=f"data.{field}")
+
+
 def row_of_envelope(env: Envelope) -> MessageRow | None:
-    """Envelope -> row or nothing. Raises ``DecodeError`` on an unreadable message event."""
+    """Envelope -> row or nothing. Raises ``DecodeError`` (naming the field) on a user or
+    assistant message it cannot read.
+
+    Reads ``env.data`` directly instead of building a full :class:`Message` (the projector's
+    hot path: ~4x cheaper), checking every field the row uses. Messages of other roles are
+    dropped before their other fields are read: nothing of them is stored.
+    """
     if env.type != "message.appended":
         return None
-    try:
-        msg = message_of(env)
-    except DecodeError:
-        raise
-    except InvalidRequest as e:  # a record reader's error: keep the field it names
-        raise DecodeError(f"message.appended: {e.message}", field=f"data.{e.field}") from None
-    if (msg.account_id, msg.agent_id, msg.thread_id) != (
-        env.account_id,
-        env.agent_id,
-        env.thread_id,
+    d = env.data
+    role = d.get("role")
+    if role not in SEARCHABLE_ROLES:
+        if role not in ROLES:
+            raise _bad(f"role must be one of {', '.join(ROLES)}", "role")
+        return None
+    for name, expected in (
+        ("account_id", env.account_id),
+        ("agent_id", env.agent_id),
+        ("thread_id", env.thread_id),
     ):
-        raise DecodeError("message tenancy disagrees with its envelope", field="data.account_id")
-    return row_of_message(msg)
+        if d.get(name) != expected:
+            raise _bad(f"{name} must match the envelope's", name)
+    offset, message_id, content = d.get("offset"), d.get("message_id"), d.get("content")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise _bad("offset must be a non-negative integer", "offset")
+    if not isinstance(message_id, str):
+        raise _bad("message_id must be a string", "message_id")
+    if not isinstance(content, str):
+        raise _bad("content must be a string", "content")
+    user_id = d.get("user_id")
+    if user_id is not None and not isinstance(user_id, str):
+        raise _bad("user_id must be a string or null", "user_id")
+    seq = d.get("seq") or 0
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise _bad("seq must be a non-negative integer", "seq")
+    raw_calls = d.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise _bad("tool_calls must be a list", "tool_calls")
+    call_ids = []
+    for i, tc in enumerate(raw_calls):
+        tcid = tc.get("id") if isinstance(tc, dict) else None
+        if not isinstance(tcid, str):
+            raise _bad("tool call id must be a string", f"tool_calls[{i}].id")
+        call_ids.append(tcid)
+    try:
+        created_at = parse_time(d.get("created_at"), "created_at")
+    except InvalidRequest as e:
+        raise _bad(e.message, "created_at") from None
+    return MessageRow(
+        account_id=env.account_id,
+        agent_id=env.agent_id,
+        thread_id=_thread_of(env),
+        offset=offset,
+        message_id=message_id,
+        role=role,
+        content=content,
+        user_id=user_id or "",
+        tool_call_ids=tuple(call_ids),
+        created_at=created_at,
+        seq=seq,
+    )
+
+
+def _thread_of(env: Envelope) -> str:
+    if env.thread_id is None:  # already checked equal to data.thread_id: both missing
+        raise _bad("thread_id must be a string", "thread_id")
+    return env.thread_id
 
 
 # --- Arrow encoding (the fastest chdb insert path) -------------------------------------------
@@ -118,6 +173,17 @@ THREAD_USERS_SCHEMA: Final = pa.schema(
 )
 
 
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MS: Final = timedelta(milliseconds=1)
+
+
+def epoch_ms_exact(t: datetime) -> int:
+    """Milliseconds since the epoch, exact (no float rounding); naive times are UTC."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return (t - _EPOCH) // _MS
+
+
 def messages_table(rows: Sequence[MessageRow]) -> pa.Table:
     """The rows as an Arrow table in :data:`MESSAGES_SCHEMA` column order."""
     return pa.table(
@@ -131,7 +197,8 @@ def messages_table(rows: Sequence[MessageRow]) -> pa.Table:
             [r.content for r in rows],
             [r.user_id for r in rows],
             pa.array([list(r.tool_call_ids) for r in rows], pa.list_(pa.string())),
-            pa.array([r.created_at for r in rows], pa.timestamp("ms", tz="UTC")),
+            # epoch-ms ints: ~100x faster for Arrow than tz-aware datetime objects
+            pa.array([epoch_ms_exact(r.created_at) for r in rows], pa.timestamp("ms", tz="UTC")),
             pa.array([r.seq for r in rows], pa.uint64()),
         ],
         schema=MESSAGES_SCHEMA,

@@ -17,7 +17,8 @@ Tables (database configurable, ``memstream`` by default):
 Ranking: every hit contains all query words (``hasAllTokens``); among them, relevance is
 ``phrase + hits / sqrt(tokens)`` -- 1 when the lowercased words appear together as typed,
 plus how densely the message uses the query words (so a short message about the thing
-outranks a long one that mentions it once) -- then newest first.
+outranks a long one that mentions it once) -- then newest first. Scoring covers the newest
+:data:`RANK_WINDOW` matches (see :func:`search_sql`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ SqlParam: TypeAlias = str | int | Sequence[str]
 """A bound parameter: String, UInt, or Array(String)."""
 
 DEFAULT_DATABASE: Final = "memstream"
+MESSAGES_GRANULARITY: Final = 1_024
+"""Rows per granule of ``messages``. A hit reads its whole granule of ``content``; 1,024
+rows (vs ClickHouse's 8,192) cuts that read amplification 8x for selective searches, at the
+cost of a primary index 8x larger (still ~1k marks per million rows)."""
+SEARCH_SETTINGS: Final = "use_text_index_dictionary_cache = 1, use_text_index_postings_cache = 1"
+"""Keep text-index dictionaries and posting lists in memory between searches (both caches
+are off by default)."""
+RANK_WINDOW: Final = 2_000
+"""How many of the newest matching messages are scored. Queries matching fewer (nearly all
+specific queries) are ranked exactly; for very common words the ranking covers the newest
+2,000 matches, which bounds latency at any table size."""
 MAX_QUERY_WORDS: Final = 32
 """More words than this cannot make a query more selective; reject rather than scan."""
 
@@ -69,7 +81,8 @@ def ddl(database: str) -> list[str]:
         TYPE text(tokenizer = splitByNonAlpha, preprocessor = lowerUTF8(content))
 ) ENGINE = ReplacingMergeTree(seq)
 PARTITION BY toYYYYMM(created_at)
-ORDER BY (account_id, agent_id, thread_id, `offset`)""",
+ORDER BY (account_id, agent_id, thread_id, `offset`)
+SETTINGS index_granularity = {MESSAGES_GRANULARITY}""",
         f"""CREATE TABLE IF NOT EXISTS {db}.thread_users (
     account_id String,
     agent_id String,
@@ -115,26 +128,35 @@ def _visible_threads_filter(db: str) -> str:
 
 def search_sql(database: str, spec: SearchSpec) -> tuple[str, dict[str, SqlParam]]:
     """The ranked search. Rows: thread_id, message_id, offset, role, content, created_at
-    (epoch ms), relevance. At most one row per (thread, offset) even before merges."""
+    (epoch ms), relevance. At most one row per (thread, offset) even before merges.
+
+    Two stages keep the cost flat however common the words are: the text index finds every
+    visible message containing all the words, the newest :data:`RANK_WINDOW` of them are
+    read, and only those are scored and ranked (relevance, then recency).
+    """
     db = check_database(database)
     thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
-    sql = f"""SELECT thread_id, message_id, `offset`, role, content,
-       toUnixTimestamp64Milli(created_at) AS created_ms, relevance
+    sql = f"""SELECT thread_id, message_id, `offset`, role, content, created_ms,
+       (positionUTF8(lowerUTF8(content), {{phrase:String}}) > 0)
+         + arrayCount(t -> has({{words:Array(String)}}, t),
+                      tokens(lowerUTF8(content), 'splitByNonAlpha'))
+           / sqrt(greatest(length(tokens(lowerUTF8(content), 'splitByNonAlpha')), 1))
+         AS relevance
 FROM (
-    SELECT thread_id, message_id, `offset`, role, content, created_at,
-           tokens(lowerUTF8(content), 'splitByNonAlpha') AS toks,
-           (positionUTF8(lowerUTF8(content), {{phrase:String}}) > 0)
-             + arrayCount(t -> has({{words:Array(String)}}, t), toks)
-               / sqrt(greatest(length(toks), 1)) AS relevance
+    SELECT thread_id, message_id, `offset`, role, content,
+           toUnixTimestamp64Milli(created_at) AS created_ms
     FROM {db}.messages
     WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
       {thread_filter}
       AND hasAllTokens(content, {{words:Array(String)}})
       AND {_visible_threads_filter(db)}
+    ORDER BY created_ms DESC, `offset` DESC
+    LIMIT {{window:UInt32}}
 )
 ORDER BY relevance DESC, created_ms DESC, `offset` DESC, thread_id
 LIMIT 1 BY thread_id, `offset`
-LIMIT {{limit:UInt32}}"""
+LIMIT {{limit:UInt32}}
+SETTINGS {SEARCH_SETTINGS}"""
     params: dict[str, SqlParam] = {
         "account_id": spec.account_id,
         "agent_id": spec.agent_id,
@@ -142,6 +164,7 @@ LIMIT {{limit:UInt32}}"""
         "words": list(spec.words),
         "phrase": " ".join(spec.words),
         "limit": spec.limit,
+        "window": RANK_WINDOW,
     }
     if spec.thread_id is not None:
         params["thread_id"] = spec.thread_id
