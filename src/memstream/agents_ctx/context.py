@@ -69,7 +69,7 @@ SUMMARY_PREFIX: Final = "Previous conversation summary: "
 
 _LINE_BREAKS: Final = str.maketrans(
     {"\r": "\\r", "\n": "\\n"}
-    | {c: " " for c in ("\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")}
+    | dict.fromkeys(("\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"), " ")
 )
 
 
