@@ -30,9 +30,10 @@ new generation at their next start (:func:`apply_generations` in the composition
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol
@@ -117,7 +118,7 @@ class ReplaySource(Protocol):
 
     def read(
         self, start: Mapping[int, int], end: Mapping[int, int], batch: int
-    ) -> AsyncIterator[list[SourceRecord]]:
+    ) -> AsyncGenerator[list[SourceRecord], None]:
         """Batches of records with ``start[p] <= offset < end[p]``, in order per partition."""
         ...
 
@@ -317,7 +318,7 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
     checkpoint_every_s: float = 1.0,
     progress_every_s: float = 0.25,
     now: Callable[[], float] = time.monotonic,
-) -> AsyncIterator[Progress]:
+) -> AsyncGenerator[Progress, None]:
     """Rebuild ``sink``'s projection from ``source``; yields progress, then the report.
 
     Cancelling the iteration (Ctrl-C, a dropped HTTP client) leaves a checkpoint that the next
@@ -346,41 +347,43 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
     last_save = last_progress = now()
     yield _progress(st, "start", "replay")
 
-    async def copy(until: dict[int, int], phase: str) -> AsyncIterator[Progress]:
+    async def copy(until: dict[int, int], phase: str) -> AsyncGenerator[Progress, None]:
         nonlocal last_save, last_progress
-        async for batch in source.read(st.next, until, batch_size):
-            events: list[Envelope] = []
-            for rec in batch:
-                st.events_read += 1
-                st.next[rec.partition] = rec.offset + 1
-                try:
-                    env = decode(rec.value)
-                except DecodeError:
-                    st.undecodable += 1
-                    continue
-                if env.id in seen:
-                    st.duplicates_skipped += 1
-                    continue
-                seen.add(env.id)
-                events.append(env)
-            if events:
-                written, dups = await sink.apply(st.generation, events)
-                st.rows_written += written
-                st.duplicates_skipped += dups
-            t = now()
-            st.elapsed_s = t - clock_base
-            if t - last_save >= checkpoint_every_s:
-                st.extra = sink.bookkeeping()
-                await store.save(st)
-                last_save = t
-            if t - last_progress >= progress_every_s:
-                last_progress = t
-                yield _progress(st, "progress", phase)
+        async with contextlib.aclosing(source.read(dict(st.next), until, batch_size)) as batches:
+            async for batch in batches:
+                events: list[Envelope] = []
+                for rec in batch:
+                    st.events_read += 1
+                    st.next[rec.partition] = rec.offset + 1
+                    try:
+                        env = decode(rec.value)
+                    except DecodeError:
+                        st.undecodable += 1
+                        continue
+                    if env.id in seen:
+                        st.duplicates_skipped += 1
+                        continue
+                    seen.add(env.id)
+                    events.append(env)
+                if events:
+                    written, dups = await sink.apply(st.generation, events)
+                    st.rows_written += written
+                    st.duplicates_skipped += dups
+                t = now()
+                st.elapsed_s = t - clock_base
+                if t - last_save >= checkpoint_every_s:
+                    st.extra = sink.bookkeeping()
+                    await store.save(st)
+                    last_save = t
+                if t - last_progress >= progress_every_s:
+                    last_progress = t
+                    yield _progress(st, "progress", phase)
         for p, e in until.items():  # partitions with nothing (left) to read
             st.next[p] = max(st.next.get(p, 0), e)
 
-    async for p in copy(dict(st.ends), "replay"):
-        yield p
+    async with contextlib.aclosing(copy(dict(st.ends), "replay")) as steps:
+        async for p in steps:
+            yield p
     st.extra = sink.bookkeeping()
     await store.save(st)
 
@@ -391,8 +394,9 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
         for part, end in later.items():
             st.ends[part] = max(st.ends.get(part, 0), end)
             st.starts.setdefault(part, 0)
-        async for p in copy(dict(st.ends), "hand-over"):
-            yield p
+        async with contextlib.aclosing(copy(dict(st.ends), "hand-over")) as steps:
+            async for p in steps:
+                yield p
         await sink.switch(st.generation)
         await store.finish(name, st.generation)
     if st.previous != st.generation:

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -93,7 +93,7 @@ class TopicSource:
 
     async def read(
         self, start: Mapping[int, int], end: Mapping[int, int], batch: int
-    ) -> AsyncIterator[list[SourceRecord]]:
+    ) -> AsyncGenerator[list[SourceRecord], None]:
         todo = {p: e for p, e in end.items() if start.get(p, 0) < e}
         if not todo:
             return
@@ -149,7 +149,7 @@ class JournalSource:
 
     async def read(
         self, start: Mapping[int, int], end: Mapping[int, int], batch: int
-    ) -> AsyncIterator[list[SourceRecord]]:
+    ) -> AsyncGenerator[list[SourceRecord], None]:
         after = start.get(0, 1) - 1
         stop = end.get(0, 0)
         while after + 1 < stop:

@@ -53,7 +53,8 @@ def record_memory(marks: Watermarks) -> Recorder:
             env = it.envelope
             if not env.type.startswith("memory."):
                 continue
-            version = env.data.get("version")
+            entry = env.data.get("entry")
+            version = entry.get("version") if isinstance(entry, dict) else None
             if isinstance(version, int) and not isinstance(version, bool):
                 key = memory_position_key(env.account_id, env.agent_id)
                 best[key] = max(best.get(key, 0), version)
