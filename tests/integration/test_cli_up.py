@@ -4,6 +4,7 @@ SIGTERM stop with no orphan server processes, and a restart that keeps the data.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -57,6 +58,16 @@ def start_up(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     raise AssertionError("memstream up never printed its ready line:\n" + "".join(seen[-40:]))
 
 
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memstream", *args],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
+
+
 def stop_up(proc: subprocess.Popen[str]) -> list[int]:
     """SIGTERM; returns pids of descendants still alive afterwards (should be none)."""
     children = psutil.Process(proc.pid).children(recursive=True)
@@ -66,8 +77,8 @@ def stop_up(proc: subprocess.Popen[str]) -> list[int]:
     return [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
-async def test_up_produce_stop_restart(tmp_path: Path) -> None:
-    data = tmp_path / "data"
+async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) -> None:
+    data = traversable_tmp / "up-data"
     proc, url = start_up(data)
     try:
         h = {"Authorization": f"Bearer {KEY}"}
@@ -103,6 +114,20 @@ async def test_up_produce_stop_restart(tmp_path: Path) -> None:
         assert res.returncode == 1, res.stderr  # two bad lines
         assert "line 2 (role)" in res.stderr and "line 3" in res.stderr
         assert "2 appended, 2 failed" in res.stderr
+
+        res = cli("hygiene", "--now", "--data-dir", str(data))
+        assert res.returncode == 0, res.stderr
+        assert "0 expired, 0 decayed" in res.stdout
+
+        res = cli("lag", "--json", "--data-dir", str(data))
+        assert res.returncode == 0, res.stderr
+        groups = {row["group"] for row in json.loads(res.stdout)}
+        assert groups == {
+            "memstream-counters",
+            "memstream-summarizer",
+            "memstream-message-projector",
+            "memstream-memory-projector",
+        }
     finally:
         leftovers = stop_up(proc)
     assert leftovers == [], f"orphan processes after SIGTERM: {leftovers}"

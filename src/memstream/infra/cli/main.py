@@ -280,4 +280,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run through the package entry point so commands registered by other modules (ops,
+    # replay) attach to the imported module's ``app``, not to this __main__ copy.
+    from memstream.infra.cli.main import main as _main
+
+    _main()

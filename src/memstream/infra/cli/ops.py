@@ -155,3 +155,42 @@ def dlq_retry(
     )
     if report.missing or report.skipped_lossy:  # type: ignore[attr-defined]
         raise typer.Exit(1)
+
+
+@app.command()
+def hygiene(
+    data_dir: DataDir = None,
+    now: Annotated[bool, typer.Option("--now", help="Run one pass now (required).")] = False,
+) -> None:
+    """Memory hygiene: expire observations past 30 days and entries past their expiry, and
+    decay importance (-0.1, floor 0.1) of project facts and observations not recalled in 90
+    days. `memstream up` and workers run it daily; `--now` runs one pass immediately."""
+    from memstream.clock import SystemClock
+    from memstream.infra.cli.pipeline import hygiene_once
+    from memstream.infra.postgres import create_pool
+
+    if not now:
+        err.print(
+            "pass --now to run a hygiene pass now (the daily pass runs inside memstream up/worker)"
+        )
+        raise typer.Exit(2)
+    s = settings_for_running(data_dir)
+    dsn = s.postgres_dsn.get_secret_value()
+    if not dsn:
+        err.print(
+            "[red]set MEMSTREAM_POSTGRES_DSN[/] (or pass --data-dir of a running `memstream up`)"
+        )
+        raise typer.Exit(2)
+
+    async def go() -> object:
+        pool = await create_pool(dsn)
+        try:
+            return await hygiene_once(pool, SystemClock())
+        finally:
+            await pool.close()
+
+    report = run(go())
+    if report is None:
+        err.print("another hygiene pass is running; try again later")
+        raise typer.Exit(1)
+    out.print(f"hygiene: {report.expired} expired, {report.decayed} decayed")  # type: ignore[attr-defined]

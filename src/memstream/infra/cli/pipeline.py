@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING
 from memstream.schemas.topics import Topics
 
 if TYPE_CHECKING:
+    import asyncpg
+
+    from memstream.agents_ctx.memory.hygiene import HygieneReport
+    from memstream.clock import Clock
     from memstream.infra.cli.wiring import Stack, Stopper
     from memstream.projections.memory_index.index import MemoryIndex
     from memstream.streams.processor import Processor
@@ -44,7 +48,7 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     index = build_memory_index(s)
     stoppers.append(index.close)
     stack.memory_index = index
-    svc.memory = MemoryService(stack.pool, stack.clock, index)
+    svc.memory = MemoryService(stack.pool, stack.clock, index, metrics=svc.metrics)
 
     store = store_from_settings(s)
     await store.ensure_schema()
@@ -138,6 +142,36 @@ async def _optimize_loop(index: MemoryIndex, every_s: float = 60.0) -> None:
                 log.info("built HNSW for %s", ", ".join(built))
 
 
+HYGIENE_LOCK = 0x6D687967  # "mhyg": one hygiene pass at a time across every process
+
+
+async def hygiene_once(pool: asyncpg.Pool, clock: Clock) -> HygieneReport | None:
+    """Run one memory hygiene pass unless another process is running one (advisory lock,
+    so with many ``memstream worker`` processes exactly one does the daily work)."""
+    from memstream.agents_ctx.memory.hygiene import run_hygiene
+
+    async with pool.acquire() as conn:
+        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", HYGIENE_LOCK):
+            return None
+        try:
+            return await run_hygiene(pool, clock)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", HYGIENE_LOCK)
+
+
+async def _hygiene_loop(stack: Stack, every_s: float = 86_400.0, first_s: float = 60.0) -> None:
+    """The daily hygiene pass: a minute after start, then every 24 hours."""
+    log = logging.getLogger(__name__)
+    await asyncio.sleep(first_s)
+    while True:
+        try:
+            assert stack.pool is not None
+            await hygiene_once(stack.pool, stack.clock)
+        except Exception:
+            log.exception("memory hygiene failed; next try in %.0fs", every_s)
+        await asyncio.sleep(every_s)
+
+
 def _background(coro: Coroutine[object, object, None], name: str) -> Stopper:
     task = asyncio.create_task(coro, name=name)
 
@@ -178,6 +212,8 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
     svc.health["kafka"] = True
 
     names = ALL_PROCESSORS if stack.processors is None else tuple(stack.processors)
+    if names:
+        stoppers.append(_background(_hygiene_loop(stack), "memory-hygiene"))
     if "memory-projector" in names and stack.memory_index is not None:
         stoppers.append(_background(_optimize_loop(stack.memory_index), "index-maintenance"))
     if names:

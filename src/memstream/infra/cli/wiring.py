@@ -97,8 +97,9 @@ class Stack:
             await accounts.add_key(account, key)
         self.redis = aioredis.from_url(s.redis_url.get_secret_value())
         self._stoppers.append(self.redis.aclose)
+        metrics = make_metrics()
         if self.pipeline:
-            self.journal = await open_journal(s, self.clock)
+            self.journal = await open_journal(s, self.clock, metrics)
             self._stoppers.append(self.journal.close)
         elif self.processors != []:
             self.journal_reader = await open_journal_reader(s)
@@ -108,7 +109,7 @@ class Stack:
             accounts=accounts,
             journal=self.journal,
             clock=self.clock,
-            metrics=make_metrics(),
+            metrics=metrics,
         )
         self.services.health.update({"postgres": True, "redis": True})
         if self.journal is not None:
