@@ -74,10 +74,10 @@ class ReplayHub:
     ) -> AsyncIterator[Progress]:
         """Run one replay (one at a time per projection); yields progress and the report."""
         name = check_projection(projection)
+        source = self.source(name, from_journal=from_journal)  # bad arguments first
         sink = self.sinks.get(name)
         if sink is None:
             raise InfraError(f"the {name} projection is not hosted in this process")
-        source = self.source(name, from_journal=from_journal)
         if name in self._running:
             raise Conflict(f"a replay of {name} is already running")
         self._running.add(name)
