@@ -45,8 +45,21 @@ class Thread:
 class Accounts:
     """Repository over the core tables. Every method is one short transaction."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, known_agents_max: int = 100_000) -> None:
         self.pool = pool
+        # Agents are never deleted, so "this agent exists" can be remembered: read routes
+        # then skip the upsert (a write) they would otherwise make on every request.
+        self._known_agents: set[tuple[str, str]] = set()
+        self._known_agents_max = known_agents_max
+
+    async def touch_agent(self, account_id: str, agent_id: str) -> None:
+        """Make sure the agent exists (implicit creation on first use), cheaply."""
+        if (account_id, agent_id) in self._known_agents:
+            return
+        await self.ensure_agent(account_id, agent_id)
+        if len(self._known_agents) >= self._known_agents_max:
+            self._known_agents.clear()
+        self._known_agents.add((account_id, agent_id))
 
     async def ensure_account(self, account_id: str) -> None:
         await self.pool.execute(

@@ -39,7 +39,7 @@ async def caller(
     user_id = None
     if x_memstream_user is not None and x_memstream_user.strip():
         user_id = check_id(x_memstream_user.strip(), "X-Memstream-User")
-    await svc.accounts.ensure_agent(account_id, agent_id)
+    await svc.accounts.touch_agent(account_id, agent_id)
     return Caller(account_id=account_id, agent_id=agent_id, user_id=user_id)
 
 

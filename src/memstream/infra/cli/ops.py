@@ -194,3 +194,24 @@ def hygiene(
         err.print("another hygiene pass is running; try again later")
         raise typer.Exit(1)
     out.print(f"hygiene: {report.expired} expired, {report.decayed} decayed")  # type: ignore[attr-defined]
+
+
+@app.command()
+def mcp(
+    account: Annotated[str, typer.Option(help="Account the gateway acts for.")],
+    agent: Annotated[str, typer.Option(help="Agent whose memory it exposes.")],
+    user: Annotated[str | None, typer.Option(help="Authenticated end user, if any.")] = None,
+    transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP).")] = "stdio",
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8765,
+    data_dir: DataDir = None,
+) -> None:
+    """The MCP gateway: exactly memory_store, memory_recall and memory_forget (never the
+    journal tools). Without --user, private stores become shared, as the spec says."""
+    from memstream.agents_ctx.mcp_server import run_mcp
+
+    if transport not in ("stdio", "http"):
+        err.print("--transport must be stdio or http")
+        raise typer.Exit(2)
+    s = settings_for_running(data_dir)
+    run(run_mcp(s, account, agent, user_id=user, transport=transport, host=host, port=port))  # type: ignore[arg-type]
