@@ -138,6 +138,7 @@ class JournalRelay:
         self._task: asyncio.Task[None] | None = None
         self._watermark = 0
         self._last_seq = 0
+        self._stopping = False
         self._failed_upto = 0  # highest seq attempted in a failed pass: later sends repeat it
         self.stats = RelayStats()
 
@@ -170,12 +171,14 @@ class JournalRelay:
         log.info(
             "journal relay starting at watermark %d (backlog %d)", self._watermark, self.backlog
         )
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="journal-relay")
 
     async def stop(self) -> None:
         """Stop relaying (what is not yet published stays in the journal for next time)."""
         task, self._task = self._task, None
         if task is not None:
+            self._stopping = True
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -230,7 +233,7 @@ class JournalRelay:
 
     async def _run(self) -> None:
         backoff = self._min_backoff
-        while True:
+        while not self._stopping:
             # cleared before reading: a notify() during the pass triggers another pass
             self._wake.clear()
             try:
@@ -261,7 +264,10 @@ class JournalRelay:
 
     async def _idle(self) -> None:
         """Sleep until notified or ``poll_interval`` passed; refresh the backlog."""
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+        # races with the event being set, and stop() would then wait forever.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+            async with asyncio.timeout(self._poll_interval):
+                await self._wake.wait()
         with contextlib.suppress(JournalError):
             self._last_seq = max(self._last_seq, await self._journal.last_seq())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -92,10 +93,40 @@ async def ensure_topics(
             message = row[2] if len(row) > 2 else ""
             raise PermanentInfraError(f"kafka refused topic {name}: error {code} {message}")
     if created:
+        await _wait_for_leaders(bootstrap, created, timeout)
         log.info(
             "created topics %s (%d partitions, replication %d)", created, partitions, replication
         )
     return created
+
+
+async def _wait_for_leaders(bootstrap: str, names: list[str], timeout: float) -> None:
+    """Wait until every partition of ``names`` has a leader (a fresh topic briefly has none,
+    and producing to it then fails with NotLeaderForPartition)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout)
+        while True:
+            cluster = await asyncio.wait_for(client.fetch_all_metadata(), timeout)
+            if all(_has_leaders(cluster, n) for n in names):
+                return
+            if loop.time() > deadline:
+                log.warning("topics %s still have partitions without a leader", names)
+                return
+            await asyncio.sleep(0.05)
+    except KAFKA_FAILURES as exc:
+        raise translate(exc, f"waiting for leaders of {', '.join(names)}") from exc
+    finally:
+        await _quietly(client.close())
+
+
+def _has_leaders(cluster: Any, topic: str) -> bool:
+    parts = cluster.partitions_for_topic(topic)
+    if not parts:
+        return False
+    return all((cluster.leader_for_partition(TopicPartition(topic, p)) or -1) >= 0 for p in parts)
 
 
 async def _describe_partitions(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
