@@ -126,7 +126,7 @@ async def main(threads: int, latency_threads: int) -> None:
             print(f"broker: {kind}; {n} message.appended events, {threads} threads")
             print(f"raw consume (aiokafka getmany): {raw:,.0f} msg/s")
             print(
-                f"through counters (faust + Redis Lua claim+count): {counted:,.0f} msg/s "
+                f"through counters (batch consumer + pipelined Redis Lua claim+count): {counted:,.0f} msg/s "
                 f"(group join {join:.1f} s excluded)"
             )
             print(f"ratio counters/raw: {counted / raw:.3f}")

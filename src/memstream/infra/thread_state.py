@@ -9,8 +9,9 @@ Guarantees:
 - :meth:`ThreadState.count_message` claims the message and increments both counters in one
   step: a redelivered or replayed message is never counted twice, and a message at or below
   the watermark (already folded into a summary) is never counted at all.
-  :meth:`ThreadState.count_messages` runs the same step for many messages, in the given
-  order, in one pipelined round trip (each step is still atomic on its own).
+  :meth:`ThreadState.count_messages` runs the same step for many messages: one script per
+  thread counts that thread's messages in the given order, atomically; the scripts of all
+  threads go in one pipelined round trip. The outcome is that of counting one by one.
 - :meth:`ThreadState.claim_guards` is :meth:`ThreadState.claim_guard` for many spans, in
   order, in one round trip: the results are those of the same calls made one by one.
 - :meth:`ThreadState.apply_summary` subtracts a summarized span from the counters, raises the
@@ -48,6 +49,38 @@ if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return {0, t, m
 t = redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[2])
 m = redis.call('HINCRBY', KEYS[1], 'messages', 1)
 return {1, t, m, wm}
+"""
+
+# _COUNT for several messages of ONE thread, in order: KEYS = counters, watermark, then one
+# claim key per message; ARGV = claim ttl, then (offset, tokens) per message. Returns one
+# string (cheap to parse): "nowm" if the watermark is unknown, else "<wm> <tokens> <messages>
+# <s1>,<s2>,..." with the counters before the first message and one _COUNT status per
+# message (the counters after message i follow by adding the counted ones up to i). The
+# script is atomic, so one HINCRBY per counter at the end equals one per message.
+_COUNT_MANY: Final = """
+local wm = redis.call('GET', KEYS[2])
+if not wm then return 'nowm' end
+wm = tonumber(wm)
+local c = redis.call('HMGET', KEYS[1], 'tokens', 'messages')
+local t, m = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+local st = {}
+local dt, dm = 0, 0
+for i = 1, #KEYS - 2 do
+  local off, tok = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  if off <= wm then
+    st[i] = -1
+  elseif not redis.call('SET', KEYS[2 + i], '1', 'NX', 'EX', ARGV[1]) then
+    st[i] = 0
+  else
+    st[i] = 1
+    dt = dt + tok; dm = dm + 1
+  end
+end
+if dm > 0 then
+  redis.call('HINCRBY', KEYS[1], 'tokens', dt)
+  redis.call('HINCRBY', KEYS[1], 'messages', dm)
+end
+return string.format('%d %d %d ', wm, t, m) .. table.concat(st, ',')
 """
 
 _CLAIM_GUARD: Final = """
@@ -111,6 +144,7 @@ class ThreadState:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._count = redis.register_script(_COUNT)
+        self._count_many = redis.register_script(_COUNT_MANY)
         self._claim_guard = redis.register_script(_CLAIM_GUARD)
         self._apply = redis.register_script(_APPLY_SUMMARY)
         self._release = redis.register_script(_RELEASE)
@@ -137,30 +171,47 @@ class ThreadState:
     async def count_messages(
         self, items: Sequence[tuple[ThreadRef, int, int]], claim_ttl_s: int
     ) -> list[CountResult]:
-        """:meth:`count_message` for each ``(ref, offset, tokens)``, in order, pipelined."""
+        """:meth:`count_message` for each ``(ref, offset, tokens)``; results in ``items`` order.
+
+        Each thread's messages are counted in the given order by one atomic script (one
+        script per thread, so keys never span hash slots); all scripts go in one pipelined
+        round trip. The results are those of calling :meth:`count_message` one by one.
+        """
         if not items:
             return []
+        by_thread: dict[ThreadRef, list[int]] = {}
+        for i, (ref, _, _) in enumerate(items):
+            by_thread.setdefault(ref, []).append(i)
 
         async def run() -> list[object]:
             pipe = self._redis.pipeline(transaction=False)
-            for ref, offset, tokens in items:
-                await self._count(
-                    keys=[
-                        redis_keys.counters(ref),
-                        redis_keys.message_claim(ref, offset),
-                        redis_keys.watermark(ref),
-                    ],
-                    args=[offset, max(0, tokens), claim_ttl_s],
-                    client=pipe,
-                )
+            for ref, idx in by_thread.items():
+                keys = [redis_keys.counters(ref), redis_keys.watermark(ref)]
+                args: list[int] = [claim_ttl_s]
+                for i in idx:
+                    _, offset, tokens = items[i]
+                    keys.append(redis_keys.message_claim(ref, offset))
+                    args += [offset, max(0, tokens)]
+                await self._count_many(keys=keys, args=args, client=pipe)
             return cast(list[object], await pipe.execute())
 
         raws = await _call(run, "counting messages")
-        out = []
-        for raw in raws:
-            status, t, m, wm = (int(x) for x in cast(list[int], raw))
-            out.append(CountResult(_STATUS[status], t, m, wm))
-        return out
+        out: list[CountResult | None] = [None] * len(items)
+        for idx, raw in zip(by_thread.values(), raws, strict=True):
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if text == "nowm":
+                for i in idx:
+                    out[i] = CountResult("no_watermark", 0, 0, -1)
+                continue
+            wm_s, t_s, m_s, statuses = text.split(" ")
+            wm, t, m = int(wm_s), int(t_s), int(m_s)
+            for i, st in zip(idx, statuses.split(","), strict=True):
+                status = int(st)
+                if status == 1:
+                    t += max(0, items[i][2])
+                    m += 1
+                out[i] = CountResult(_STATUS[status], t, m, wm)
+        return [r for r in out if r is not None]
 
     async def counters(self, ref: ThreadRef) -> tuple[int, int]:
         """``(tokens, messages)`` since the last summary."""

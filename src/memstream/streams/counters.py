@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: Records per batch: one Redis round trip counts them all.
 BATCH_MAX = 500
+#: Watermarks reloaded from the summary store at once (threads first seen in a batch).
+WATERMARK_LOADS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +134,16 @@ class CountersProcessor(Processor):
         if lost:
             # First sight of these threads since Redis was (re)started: learn what is
             # summarized, then count their messages again (still in log order).
-            for ref in dict.fromkeys(refs[i] for i in lost):
-                current = await self._summaries.get_stored(ref)
-                await self._state.init_watermark(
-                    ref, current.last_message_offset if current is not None else -1
-                )
+            slots = asyncio.Semaphore(WATERMARK_LOADS)
+
+            async def load(ref: ThreadRef) -> None:
+                async with slots:
+                    current = await self._summaries.get_stored(ref)
+                    await self._state.init_watermark(
+                        ref, current.last_message_offset if current is not None else -1
+                    )
+
+            await asyncio.gather(*(load(ref) for ref in dict.fromkeys(refs[i] for i in lost)))
             again = await self._state.count_messages([items[i] for i in lost], self._claim_ttl)
             for i, r in zip(lost, again, strict=True):
                 results[i] = r
