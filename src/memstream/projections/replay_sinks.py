@@ -113,6 +113,7 @@ class MemorySink:
         self.live = live
         self.base = base_environment
         self.accounts: set[str] = set()
+        self._target: tuple[int, MemoryIndex] | None = None
 
     def restore(self, extra: dict[str, list[str]]) -> None:
         self.accounts.update(extra.get("accounts", []))
@@ -121,9 +122,15 @@ class MemorySink:
         return {"accounts": sorted(self.accounts)}
 
     def index(self, generation: int) -> MemoryIndex:
-        return MemoryIndex(
-            self.live.backend, self.live.embedder, environment=environment_of(self.base, generation)
-        )
+        """The index writing ``generation``'s collections (shares the live backend and the
+        embedding cache, so a replay embeds only texts the cache has never seen)."""
+        if self._target is None or self._target[0] != generation:
+            env = environment_of(self.base, generation)
+            self._target = (
+                generation,
+                MemoryIndex(self.live.backend, self.live.embedder, environment=env),
+            )
+        return self._target[1]
 
     async def prepare(self, generation: int, *, fresh: bool) -> None:
         if environment_of(self.base, generation) == self.live.environment:

@@ -97,7 +97,9 @@ class TopicSource:
         todo = {p: e for p, e in end.items() if start.get(p, 0) < e}
         if not todo:
             return
-        consumer = self._consumer(max_partition_fetch_bytes=4 * 1024 * 1024)
+        # a finished partition is paused: a fetch for it would wait fetch_max_wait_ms at the
+        # end of its log and stall the others
+        consumer = self._consumer(max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_wait_ms=50)
         await consumer.start()
         try:
             tps = {p: TopicPartition(self.topic, p) for p in todo}
@@ -120,6 +122,7 @@ class TopicSource:
                 for p in list(todo):
                     if await consumer.position(tps[p]) >= todo[p]:
                         del todo[p]
+                        consumer.pause(tps[p])
                 if out:
                     yield out
         except KafkaError as e:

