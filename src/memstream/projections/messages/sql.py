@@ -41,10 +41,10 @@ cost of a primary index 8x larger (still ~1k marks per million rows)."""
 SEARCH_SETTINGS: Final = "use_text_index_dictionary_cache = 1, use_text_index_postings_cache = 1"
 """Keep text-index dictionaries and posting lists in memory between searches (both caches
 are off by default)."""
-RANK_WINDOW: Final = 2_000
+RANK_WINDOW: Final = 200
 """How many of the newest matching messages are scored. Queries matching fewer (nearly all
 specific queries) are ranked exactly; for very common words the ranking covers the newest
-2,000 matches, which bounds latency at any table size."""
+200 matches, which bounds the scoring cost at any table size."""
 MAX_QUERY_WORDS: Final = 32
 """More words than this cannot make a query more selective; reject rather than scan."""
 
