@@ -140,15 +140,3 @@ def test_literal_quotes_arrays() -> None:
         from memstream.projections.messages.sql import check_database
 
         check_database("x; DROP TABLE y")
-
-
-def test_thread_marks_take_the_highest_seq_of_every_role() -> None:
-    from memstream.streams.message_projector import thread_marks
-
-    events = [
-        env(msg(0, "user", "a", seq=5)),
-        env(msg(1, "system", "s", seq=9)),
-        env(msg(2, "tool", "t", seq=7, tool_call_id="c")),
-    ]
-    assert thread_marks(events) == {"acc/ag/th": 9}
-    assert thread_marks([thread_event("thread.created", "acc", "ag", "th", ts=1)]) == {}

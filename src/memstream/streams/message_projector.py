@@ -12,8 +12,8 @@ Guarantees:
   so search still returns it once (see :mod:`memstream.projections.messages.store`).
 - Only user and assistant text is stored; system messages, tool results and reasoning
   never reach ClickHouse. Events other than ``message.appended`` are skipped.
-- With ``watermarks``, each thread's highest applied journal ``seq`` is advanced only after
-  its batch is durable, so a search with ``after=<position>`` sees that append.
+- Read-your-writes watermarks are advanced by the gate that wraps processors
+  (:mod:`memstream.streams.gate`) after :meth:`handle_batch` returns, i.e. after the insert.
 - A ``message.appended`` whose data cannot be read fails its batch; the runtime then retries
   the batch record by record and dead-letters only the bad record.
 """
@@ -24,27 +24,11 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from memstream.projections.messages import MessageRow, MessageStore, row_of_envelope
-from memstream.projections.positions import Watermarks, thread_position_key
 from memstream.schemas.events import Envelope
 from memstream.schemas.topics import JOURNAL
 from memstream.streams.processor import Processor, ProcessorContext, Received
 
 NAME: Final = "message-projector"
-
-
-def thread_marks(envelopes: Iterable[Envelope]) -> dict[str, int]:
-    """Highest journal ``seq`` per thread key among the batch's ``message.appended`` events
-    (every role: an append's position may be a system or tool message's seq)."""
-    marks: dict[str, int] = {}
-    for env in envelopes:
-        if env.type != "message.appended" or env.thread_id is None:
-            continue
-        seq = env.data.get("seq")
-        if isinstance(seq, int) and not isinstance(seq, bool):
-            key = thread_position_key(env.account_id, env.agent_id, env.thread_id)
-            if seq > marks.get(key, -1):
-                marks[key] = seq
-    return marks
 
 
 def rows_of_batch(envelopes: Iterable[Envelope]) -> list[MessageRow]:
@@ -70,14 +54,10 @@ class MessageProjector(Processor):
         self,
         store: MessageStore,
         *,
-        watermarks: Watermarks | None = None,
         batch_max: int = 5_000,
         batch_within_s: float = 0.25,
     ) -> None:
-        """``watermarks`` (``Positions.messages``), when given, is advanced per thread after
-        each durable batch, for read-your-writes (``after`` on search)."""
         self.store = store
-        self.watermarks = watermarks
         self.batch_max = batch_max
         self.batch_within_s = batch_within_s
         self.rows_written = 0
@@ -89,5 +69,3 @@ class MessageProjector(Processor):
         envelopes = [item.envelope for item in items]
         rows = rows_of_batch(envelopes)
         self.rows_written += await self.store.write(rows)
-        if self.watermarks is not None:
-            self.watermarks.advance_many(thread_marks(envelopes))
