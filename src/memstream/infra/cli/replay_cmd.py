@@ -76,6 +76,12 @@ async def _local(
     await stack.start()
     try:
         assert stack.services is not None and stack.services.replays is not None
+        if from_journal:  # a Stack without processors opens no journal reader
+            from memstream.infra.journal import open_journal_reader
+
+            reader = await open_journal_reader(s)
+            stack._stoppers.append(reader.close)
+            stack.services.replays.journal = reader
         async for p in stack.services.replays.run(
             projection, from_journal=from_journal, restart=restart
         ):
