@@ -7,7 +7,12 @@
 ``pom.xml`` beside this module names the Apache Kafka jars the embedded broker resolves.
 """
 
-from memstream.infra.kafka.admin import REPLAY_CONFIGS, ensure_topics, high_watermarks
+from memstream.infra.kafka.admin import (
+    REPLAY_CONFIGS,
+    ensure_topics,
+    high_watermarks,
+    topic_partitions,
+)
 from memstream.infra.kafka.bus import Bus
 
-__all__ = ["REPLAY_CONFIGS", "Bus", "ensure_topics", "high_watermarks"]
+__all__ = ["REPLAY_CONFIGS", "Bus", "ensure_topics", "high_watermarks", "topic_partitions"]

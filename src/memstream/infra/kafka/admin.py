@@ -24,7 +24,13 @@ from memstream.errors import PermanentInfraError
 from memstream.infra.kafka.failures import KAFKA_FAILURES, translate
 from memstream.schemas.topics import Topics
 
-__all__ = ["REPLAY_CONFIGS", "ensure_topics", "high_watermarks", "topic_configs"]
+__all__ = [
+    "REPLAY_CONFIGS",
+    "ensure_topics",
+    "high_watermarks",
+    "topic_configs",
+    "topic_partitions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +163,7 @@ async def high_watermarks(bootstrap: str, topic: str, *, timeout: float = 10.0) 
     )
     try:
         await asyncio.wait_for(consumer.start(), timeout)
-        parts = await _partitions(bootstrap, topic, timeout)
+        parts = await topic_partitions(bootstrap, topic, timeout)
         tps = [TopicPartition(topic, p) for p in parts]
         consumer.assign(tps)
         listed = await consumer.end_offsets(tps)
@@ -187,7 +193,7 @@ async def high_watermarks(bootstrap: str, topic: str, *, timeout: float = 10.0) 
         await _quietly(consumer.stop())
 
 
-async def _partitions(bootstrap: str, topic: str, timeout: float) -> list[int]:
+async def topic_partitions(bootstrap: str, topic: str, timeout: float = 10.0) -> list[int]:
     """Partition ids of ``topic`` (all-topics metadata: never auto-creates it)."""
     client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
     try:
