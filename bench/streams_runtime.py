@@ -3,18 +3,23 @@
 Prints, on an embedded broker (Tansu by default, ``--broker kafka`` for Apache Kafka):
 
 - raw: a group-less ``AIOKafkaConsumer.getmany`` reading the whole topic (decode skipped);
-- runtime, one record per call: a no-op ``Processor.handle`` hosted by ``Runner`` (faust
-  App, decode with ``schemas.events.decode``, metrics, acks and commits);
+- raw + decode: the same, plus ``schemas.events.decode`` of every value (the ceiling of any
+  processor that reads envelopes in this process);
+- runtime, one record per call: a no-op ``Processor.handle`` hosted by ``Runner`` (group
+  consumer, decode with ``schemas.events.decode``, metrics, commits);
 - runtime, batched: a no-op ``handle_batch`` with ``batch_max=500``;
 - the ratios runtime/raw. Time to first record (group join) is excluded from the rates.
 
-Run: ``python bench/streams_runtime.py [--records N] [--broker tansu|kafka]``. Asserts nothing.
+The three are measured in interleaved rounds (the machine is shared) and the medians are
+printed. Run: ``python bench/streams_runtime.py [--records N] [--rounds R]
+[--broker tansu|kafka]``. Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 import uuid
@@ -27,7 +32,7 @@ from memstream.infra.embedded.kafka import ApacheKafkaServer, TansuServer
 from memstream.infra.kafka.admin import ensure_topics
 from memstream.infra.metrics import make_metrics
 from memstream.infra.settings import Settings
-from memstream.schemas.events import Envelope, encode, thread_event
+from memstream.schemas.events import Envelope, decode, encode, thread_event
 from memstream.schemas.topics import JOURNAL, Topics
 from memstream.streams.processor import EventMeta, Processor, Received
 from memstream.streams.runner import Runner
@@ -75,7 +80,7 @@ async def fill(bootstrap: str, topic: str, n: int) -> None:
         await producer.stop()
 
 
-async def raw_rate(bootstrap: str, topic: str, n: int) -> float:
+async def raw_rate(bootstrap: str, topic: str, n: int, *, decoding: bool = False) -> float:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -86,6 +91,10 @@ async def raw_rate(bootstrap: str, topic: str, n: int) -> float:
         while got < n:
             batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
             got += sum(len(v) for v in batch.values())
+            if decoding:
+                for records in batch.values():
+                    for r in records:
+                        decode(r.value or b"")
         return n / (time.perf_counter() - start)
     finally:
         await consumer.stop()
@@ -111,6 +120,7 @@ async def runtime_rate(bootstrap: str, topics: Topics, data: Path, n: int, batch
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--broker", choices=["tansu", "kafka"], default="tansu")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,15 +134,23 @@ async def main() -> None:
             topics = Topics(prefix=f"b{uuid.uuid4().hex[:8]}.")
             await ensure_topics(bootstrap, topics, PARTITIONS, 1)
             await fill(bootstrap, topics.journal, args.records)
-            raw = await raw_rate(bootstrap, topics.journal, args.records)
-            single = await runtime_rate(bootstrap, topics, root / "d", args.records, 1)
-            batched = await runtime_rate(bootstrap, topics, root / "d", args.records, 500)
+            raws, decoded, singles, batches = [], [], [], []
+            for _ in range(args.rounds):
+                raws.append(await raw_rate(bootstrap, topics.journal, args.records))
+                decoded.append(
+                    await raw_rate(bootstrap, topics.journal, args.records, decoding=True)
+                )
+                singles.append(await runtime_rate(bootstrap, topics, root / "d", args.records, 1))
+                batches.append(await runtime_rate(bootstrap, topics, root / "d", args.records, 500))
         finally:
             await server.stop()
+    raw, dec, single, batched = (statistics.median(x) for x in (raws, decoded, singles, batches))
     print(
-        f"broker: {args.broker}, records: {args.records} (~200 B envelopes), {PARTITIONS} partitions"
+        f"broker: {args.broker}, records: {args.records} (~200 B envelopes), {PARTITIONS} "
+        f"partitions, median of {args.rounds} interleaved rounds"
     )
     print(f"raw aiokafka getmany:         {raw:10.0f} rec/s")
+    print(f"raw getmany + decode:         {dec:10.0f} rec/s  ({dec / raw:.3f} of raw)")
     print(f"runtime, handle per record:   {single:10.0f} rec/s  ({single / raw:.3f} of raw)")
     print(f"runtime, handle_batch(500):   {batched:10.0f} rec/s  ({batched / raw:.3f} of raw)")
 

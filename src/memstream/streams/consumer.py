@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -63,7 +63,6 @@ from memstream.streams.processor import (
 __all__ = [
     "COMMIT_INTERVAL_S",
     "ProcessorConsumer",
-    "committable",
     "group_id",
     "raw_record",
 ]
@@ -88,34 +87,28 @@ def group_id(settings: Settings, name: str) -> str:
 
 # --- pure rules ------------------------------------------------------------------------------
 def raw_record(rec: ConsumerRecord[bytes, bytes]) -> RawRecord:
-    """An aiokafka record as the dispatcher's :class:`RawRecord` (timestamp in seconds)."""
-    key = rec.key
-    value = rec.value
+    """An aiokafka record (no deserializers: bytes or None) as the dispatcher's
+    :class:`RawRecord`; the timestamp in epoch seconds."""
+    ts = rec.timestamp
     return RawRecord(
-        meta=EventMeta(
-            topic=rec.topic,
-            partition=rec.partition,
-            offset=rec.offset,
-            key=key if isinstance(key, bytes) or key is None else str(key).encode(),
-            timestamp=rec.timestamp / 1000.0 if rec.timestamp is not None else None,
+        EventMeta(
+            rec.topic, rec.partition, rec.offset, rec.key, ts / 1000.0 if ts is not None else None
         ),
-        value=value if isinstance(value, bytes) else b"" if value is None else str(value).encode(),
+        rec.value if rec.value is not None else b"",
     )
-
-
-def committable(records: Iterable[RawRecord]) -> dict[TopicPartition, int]:
-    """The offsets to commit once ``records`` are handled: per partition, last offset + 1."""
-    out: dict[TopicPartition, int] = {}
-    for r in records:
-        tp = TopicPartition(r.meta.topic, r.meta.partition)
-        out[tp] = max(out.get(tp, 0), r.meta.offset + 1)
-    return out
 
 
 def _flatten(
     polled: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
-) -> list[RawRecord]:
-    return [raw_record(r) for records in polled.values() for r in records]
+    into: list[RawRecord],
+    offsets: dict[TopicPartition, int],
+) -> None:
+    """Append ``polled`` to ``into`` (partition by partition, in log order) and raise
+    ``offsets`` to each partition's last offset + 1."""
+    for tp, records in polled.items():
+        if records:
+            into.extend(map(raw_record, records))
+            offsets[tp] = max(offsets.get(tp, 0), records[-1].offset + 1)
 
 
 # --- the adapter -----------------------------------------------------------------------------
@@ -220,12 +213,12 @@ class ProcessorConsumer:
         while not self._stopping:
             try:
                 epoch = self._epoch
-                batch = await self._poll()
+                batch, offsets = await self._poll()
                 if batch:
                     async with self._lock:
                         if epoch != self._epoch:
                             continue  # a rebalance came between poll and dispatch: refetch
-                        await self._dispatch(batch)
+                        await self._dispatch(batch, offsets)
                 if time.monotonic() - self._last_commit_at >= self._commit_interval:
                     async with self._lock:
                         await self._commit()
@@ -238,13 +231,16 @@ class ProcessorConsumer:
                 log.exception("%s: unexpected error in the consume loop", self.processor.name)
                 await asyncio.sleep(1.0)
 
-    async def _poll(self) -> list[RawRecord]:
+    async def _poll(self) -> tuple[list[RawRecord], dict[TopicPartition, int]]:
+        """One batch and the offsets to commit once it is handled."""
         proc = self.processor
         want = proc.batch_max if proc.batch_max > 1 else POLL_RECORDS
+        records: list[RawRecord] = []
+        offsets: dict[TopicPartition, int] = {}
         polled = await self._consumer.getmany(
             timeout_ms=int(POLL_TIMEOUT_S * 1000), max_records=want
         )
-        records = _flatten(polled)
+        _flatten(polled, records, offsets)
         if proc.batch_max > 1 and records:
             deadline = time.monotonic() + max(0.0, proc.batch_within_s)
             while len(records) < want and not self._stopping:
@@ -254,17 +250,20 @@ class ProcessorConsumer:
                 )
                 if not more:
                     break
-                records.extend(_flatten(more))
-        return records
+                _flatten(more, records, offsets)
+        return records, offsets
 
-    async def _dispatch(self, records: list[RawRecord]) -> None:
+    async def _dispatch(self, records: list[RawRecord], offsets: dict[TopicPartition, int]) -> None:
         if self.processor.batch_max > 1:
             await self._dispatcher.dispatch(records)
-            self._mark(committable(records))
+            self._mark(offsets)
             return
+        tps = {(tp.topic, tp.partition): tp for tp in offsets}
         for rec in records:
             await self._dispatcher.dispatch([rec])
-            self._mark(committable([rec]))
+            tp = tps[(rec.meta.topic, rec.meta.partition)]
+            if rec.meta.offset + 1 > self._pending.get(tp, -1):
+                self._pending[tp] = rec.meta.offset + 1
 
     def _mark(self, offsets: Mapping[TopicPartition, int]) -> None:
         for tp, off in offsets.items():
