@@ -161,13 +161,16 @@ class MemorySink:
             await self.live.backend.drop_collection(collection_name(account, env))
 
 
-# Count one message into the rebuilt counters: KEYS rebuilt hash, replay claim, live watermark;
-# ARGV offset, tokens, claim ttl. Returns 1 counted, 0 already counted, -1 summarized,
-# -2 no watermark (load it from the summary store, then call again).
+# Count one message into the rebuilt counters: KEYS rebuilt hash, replay claim, live watermark,
+# live claim; ARGV offset, tokens, claim ttl. Returns 1 counted, 0 already counted,
+# -1 summarized, -2 no watermark (load it from the summary store, then call again). The live
+# claim is set too, so a live processor that meets the message after the hand-over (it was
+# waiting at the gate) does not count it a second time into the rebuilt counters.
 _REPLAY_COUNT: Final = """
 local wm = redis.call('GET', KEYS[3])
 if not wm then return -2 end
 if tonumber(ARGV[1]) <= tonumber(wm) then return -1 end
+redis.call('SET', KEYS[4], '1', 'EX', ARGV[3])
 if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return 0 end
 redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'messages', 1)
@@ -241,6 +244,7 @@ class CountersSink:
                 self.rebuilt_key(ref, generation),
                 self._claim_key(ref, generation, msg.offset),
                 redis_keys.watermark(ref),
+                redis_keys.message_claim(ref, msg.offset),
             ]
             args = [msg.offset, max(0, msg.token_count), self.claim_ttl]
             status = int(await self._count(keys=keys, args=args))
