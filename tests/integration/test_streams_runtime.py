@@ -339,3 +339,78 @@ async def test_unknown_processor_name_is_refused(pipeline: Pipeline) -> None:
             pipeline.runner.settings, {"a": lambda: Recorder("a")}, make_metrics(), names=["nope"]
         )
     assert e.value.field == "processors"
+
+
+async def _own_topic(bootstrap: str, tmp: pytest.TempPathFactory) -> tuple[Topics, Settings]:
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
+    await ensure_topics(bootstrap, topics, PARTITIONS, 1)
+    settings = Settings(
+        kafka_bootstrap=bootstrap,
+        topic_prefix=topics.prefix,
+        partitions=PARTITIONS,
+        data_dir=tmp.mktemp("streams-own"),
+    )
+    return topics, settings
+
+
+async def test_a_restarted_processor_resumes_after_what_it_handled(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    topics, settings = await _own_topic(kafka_bootstrap, tmp_path_factory)
+    first = [event("resume") for _ in range(10)]  # one key: one partition, one order
+    await produce(kafka_bootstrap, topics.journal, [("resume", encode(e)) for e in first])
+    before = Recorder("r", batch_max=4)
+    runner = Runner(settings, {"r": lambda: before}, make_metrics(), lag_interval_s=None)
+    await runner.start()
+    try:
+        await eventually(lambda: {e.id for e in first} <= set(before.seen), 60)
+    finally:
+        await runner.stop()  # commits what was handled
+    assert before.seen == [e.id for e in first]  # in log order, once each
+
+    later = [event("resume") for _ in range(5)]
+    await produce(kafka_bootstrap, topics.journal, [("resume", encode(e)) for e in later])
+    after = Recorder("r", batch_max=4)
+    runner = Runner(settings, {"r": lambda: after}, make_metrics(), lag_interval_s=None)
+    await runner.start()
+    try:
+        await eventually(lambda: {e.id for e in later} <= set(after.seen), 60)
+    finally:
+        await runner.stop()
+    assert after.seen == [e.id for e in later]
+
+
+async def test_a_second_group_member_takes_partitions_without_loss_or_rehandling(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    topics, settings = await _own_topic(kafka_bootstrap, tmp_path_factory)
+    first = [event(f"rb-{i}") for i in range(20)]
+    await produce(kafka_bootstrap, topics.journal, [(e.thread_id or "", encode(e)) for e in first])
+    one, two = Recorder("r"), Recorder("r")
+    runner_one = Runner(settings, {"r": lambda: one}, make_metrics(), lag_interval_s=None)
+    runner_two = Runner(settings, {"r": lambda: two}, make_metrics(), lag_interval_s=None)
+    await runner_one.start()
+    try:
+        await eventually(lambda: {e.id for e in first} <= set(one.seen), 60)
+        await runner_two.start()
+        hosted_one, hosted_two = runner_one.get("r"), runner_two.get("r")
+
+        def split() -> bool:
+            a = hosted_one.consumer.assignment()
+            b = hosted_two.consumer.assignment()
+            return len(a) == 1 and len(b) == 1 and not a & b
+
+        await eventually(split, 60)
+        later = [event(f"rb-{i}") for i in range(20, 40)]
+        await produce(
+            kafka_bootstrap, topics.journal, [(e.thread_id or "", encode(e)) for e in later]
+        )
+        await eventually(lambda: {e.id for e in later} <= set(one.seen) | set(two.seen), 60)
+    finally:
+        await runner_two.stop()
+        await runner_one.stop()
+    # Both members did work after the split, and what the first handled before the
+    # rebalance was committed: the second member never handles it again.
+    assert set(two.seen) & {e.id for e in later} and set(one.seen) & {e.id for e in later}
+    assert not set(two.seen) & {e.id for e in first}
+    assert len(one.seen) == len(set(one.seen)) and len(two.seen) == len(set(two.seen))

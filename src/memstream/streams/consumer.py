@@ -186,6 +186,10 @@ class ProcessorConsumer:
         await self._consumer.start()
         self._task = asyncio.create_task(self._run(), name=f"consume-{self.processor.name}")
 
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this member holds now (empty before the group join)."""
+        return set(self._consumer.assignment())
+
     def assigned(self) -> bool:
         """True once the consumer holds at least one partition of the group."""
         return bool(self._consumer.assignment())
