@@ -64,6 +64,7 @@ __all__ = [
     "COMMIT_INTERVAL_S",
     "ProcessorConsumer",
     "group_id",
+    "flatten_poll",
     "raw_record",
 ]
 
@@ -98,7 +99,7 @@ def raw_record(rec: ConsumerRecord[bytes, bytes]) -> RawRecord:
     )
 
 
-def _flatten(
+def flatten_poll(
     polled: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
     into: list[RawRecord],
     offsets: dict[TopicPartition, int],
@@ -244,7 +245,7 @@ class ProcessorConsumer:
         polled = await self._consumer.getmany(
             timeout_ms=int(POLL_TIMEOUT_S * 1000), max_records=want
         )
-        _flatten(polled, records, offsets)
+        flatten_poll(polled, records, offsets)
         if proc.batch_max > 1 and records:
             deadline = time.monotonic() + max(0.0, proc.batch_within_s)
             while len(records) < want and not self._stopping:
@@ -254,7 +255,7 @@ class ProcessorConsumer:
                 )
                 if not more:
                     break
-                _flatten(more, records, offsets)
+                flatten_poll(more, records, offsets)
         return records, offsets
 
     async def _dispatch(self, records: list[RawRecord], offsets: dict[TopicPartition, int]) -> None:

@@ -1,0 +1,43 @@
+"""The pure part of the batch consumer: how a poll becomes a batch and offsets to commit."""
+
+from __future__ import annotations
+
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from memstream.infra.settings import Settings
+from memstream.streams.consumer import flatten_poll, group_id, raw_record
+from memstream.streams.processor import RawRecord
+
+
+def rec(partition: int, offset: int, value: bytes | None = b"v") -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(
+        "t.journal", partition, offset, 1_700_000_000_123, 0, b"k", value, None, 1, 1, []
+    )
+
+
+def test_a_poll_keeps_each_partitions_order_and_commits_after_its_last_record() -> None:
+    p0, p1 = TopicPartition("t.journal", 0), TopicPartition("t.journal", 1)
+    into: list[RawRecord] = []
+    offsets: dict[TopicPartition, int] = {}
+    flatten_poll({p0: [rec(0, 5), rec(0, 6)], p1: [rec(1, 9)]}, into, offsets)
+    flatten_poll({p0: [rec(0, 7)], p1: []}, into, offsets)  # a top-up poll
+    assert [(r.meta.partition, r.meta.offset) for r in into] == [(0, 5), (0, 6), (1, 9), (0, 7)]
+    assert offsets == {p0: 8, p1: 10}
+
+
+def test_a_record_keeps_its_origin_and_gets_seconds() -> None:
+    r = raw_record(rec(3, 42, value=None))
+    assert (r.meta.topic, r.meta.partition, r.meta.offset, r.meta.key) == (
+        "t.journal",
+        3,
+        42,
+        b"k",
+    )
+    assert r.meta.timestamp == 1_700_000_000.123
+    assert r.value == b""  # a tombstone reaches the dispatcher as bytes (and is dead-lettered)
+
+
+def test_group_names_drop_the_prefix_separator() -> None:
+    assert group_id(Settings(topic_prefix="memstream."), "counters") == "memstream-counters"
+    assert group_id(Settings(topic_prefix=""), "counters") == "memstream-counters"
