@@ -18,6 +18,7 @@ import pytest_asyncio
 from memstream.infra.embedded.kafka import ApacheKafkaServer
 from memstream.infra.journal import Journal
 from memstream.infra.kafka import Bus, ensure_topics
+from memstream.infra.metrics import make_metrics
 from memstream.schemas.events import decode
 from memstream.schemas.records import NewMessage, ThreadRef
 from memstream.schemas.topics import Topics
@@ -84,7 +85,8 @@ async def test_relay_publishes_every_message_in_order_per_thread(
 ) -> None:
     await ensure_topics(kafka_bootstrap, unique_topics, 3, 1)
     appended = await append_round(journal, "before")
-    relay = JournalRelay(journal, bus, unique_topics, batch_size=25)
+    metrics = make_metrics()
+    relay = JournalRelay(journal, bus, unique_topics, batch_size=25, metrics=metrics)
     assert bus.idempotent is (kafka_broker_kind == "kafka")
     await relay.start()
     assert relay.backlog == appended
@@ -93,6 +95,9 @@ async def test_relay_publishes_every_message_in_order_per_thread(
         relay.notify()
         assert await relay.wait_caught_up(30)
         assert relay.backlog == 0
+        await asyncio.sleep(0.1)  # the next pass exports the gauge
+        gauge = metrics.sample("memstream_relay_backlog", {"relay": "journal"})
+        assert gauge == 0
         assert await journal.relay_watermark() == await journal.last_seq() == appended
     finally:
         await relay.stop()

@@ -23,7 +23,8 @@ Guarantees:
 
 Wake-up: :meth:`JournalRelay.notify` (call it after an append) wakes the relay at once;
 otherwise it polls the journal every ``poll_interval`` seconds.
-``backlog`` (last seq seen in the journal minus the watermark) is the lag to export.
+``backlog`` (last seq seen in the journal minus the watermark) is the lag; with ``metrics``
+it is exported as ``memstream_relay_backlog{relay="journal"}``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Protocol
 from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InfraError, JournalError, JournalFenced
 from memstream.infra.kafka.bus import Bus
+from memstream.infra.metrics import Metrics
 from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
 from memstream.schemas.topics import Topics
 
@@ -120,12 +122,14 @@ class JournalRelay:
         topics: Topics,
         *,
         batch_size: int = 500,
-        poll_interval: float = 0.05,
+        poll_interval: float = 0.02,
         min_backoff: float = 0.1,
         max_backoff: float = 5.0,
         clock: Clock | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._journal = journal
+        self._metrics = metrics
         self._bus = bus
         self._topics = topics
         self._batch_size = max(1, batch_size)
@@ -236,6 +240,8 @@ class JournalRelay:
         while not self._stopping:
             # cleared before reading: a notify() during the pass triggers another pass
             self._wake.clear()
+            if self._metrics is not None:
+                self._metrics.relay_backlog.labels(relay="journal").set(self.backlog)
             try:
                 n = await self.run_once()
             except JournalFenced:
