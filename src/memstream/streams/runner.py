@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
-from memstream.errors import InvalidRequest
+from memstream.errors import InvalidRequest, RetryableInfraError
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
@@ -172,7 +173,10 @@ class Runner:
     async def _publish(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Send one record through the shared producer; acknowledged by the broker on return."""
         assert self._producer is not None, "Runner.start() was not called"
-        await self._producer.send_and_wait(topic, value, key=key)
+        try:
+            await self._producer.send_and_wait(topic, value, key=key)
+        except KafkaError as e:  # the broker is away: transient for the handler, retried
+            raise RetryableInfraError(f"publishing to {topic} failed: {e}") from e
 
     async def stop(self) -> None:
         """Stop every hosted consumer, then its processor, then the producer. Idempotent."""
