@@ -233,3 +233,10 @@ async def test_odd_characters_in_queries_and_ids(message_store: MessageStore) ->
     assert await search(message_store, who, query="MÜNCHEN grüße") == [("t'1\\x", 0)]
     assert await search(message_store, who, query="it's") == [("t'1\\x", 0)]
     assert await search(message_store, query="münchen") == []  # private to o'neil
+
+
+async def test_current_thread_scope_keeps_privacy(corpus: MessageStore) -> None:
+    scoped = {"query": "lisbon", "scope": "current_thread", "thread_id": "p-alice"}
+    assert set(await search(corpus, ALICE, **scoped)) == {("p-alice", 0), ("p-alice", 1)}
+    assert await search(corpus, Caller("acc", "ag", "bob"), **scoped) == []
+    assert await search(corpus, CALLER, **scoped) == []

@@ -115,13 +115,15 @@ class SearchSpec:
     thread_id: str | None = None
 
 
-def _visible_threads_filter(db: str) -> str:
+def _visible_threads_filter(db: str, one_thread: bool) -> str:
     # A thread is private when any of its messages carries a user: it is then visible only
     # to those users. Threads whose messages carry no user are visible to every caller of
     # the agent. A caller without a user ('' here) sees only threads nobody owns.
+    # Scoped to one thread, only that thread's owners are read.
+    scope = "AND thread_id = {thread_id:String}" if one_thread else ""
     return f"""thread_id NOT IN (
         SELECT thread_id FROM {db}.thread_users
-        WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+        WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}} {scope}
         GROUP BY thread_id
         HAVING NOT has(groupArray(user_id), {{user_id:String}}))"""
 
@@ -149,7 +151,7 @@ FROM (
     WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
       {thread_filter}
       AND hasAllTokens(content, {{words:Array(String)}})
-      AND {_visible_threads_filter(db)}
+      AND {_visible_threads_filter(db, spec.thread_id is not None)}
     ORDER BY created_ms DESC, `offset` DESC
     LIMIT {{window:UInt32}}
 )
