@@ -11,7 +11,7 @@ It prints p50/p99 of:
 
 - ``relay (notify)``: from calling ``journal.append`` to the consumer holding the record, with
   ``relay.notify()`` after each append (how ``memstream up`` wires it);
-- ``relay (poll 50 ms)``: the same without notify: the relay finds appends by polling;
+- ``relay (poll 20 ms)``: the same without notify: the relay finds appends by polling;
 - ``append only``: the durable append itself (part of both figures above);
 - ``raw kafka``: the ceiling for the Kafka leg: ``send_and_wait`` of the same bytes by a
   plain producer to the consumer holding it;
@@ -155,7 +155,7 @@ async def main() -> None:
         await ensure_topics(server.address, topics, 4, 1)
         bus = Bus(server.address)
         await bus.start()
-        relay = JournalRelay(journal, bus, topics, poll_interval=0.05)
+        relay = JournalRelay(journal, bus, topics)  # default poll: 20 ms
         await relay.start()
         watcher = Watcher(server.address, topics.journal)
         await watcher.start()
@@ -182,7 +182,7 @@ async def main() -> None:
             await server.stop()
     print(f"idempotent producer: {bus.idempotent}")
     show("relay (notify)", notify_total)
-    show("relay (poll 50 ms)", poll_total)
+    show("relay (poll 20 ms)", poll_total)
     show("append only", append_only)
     show("raw kafka", raw)
     ceiling = pct(append_only, 50) + pct(raw, 50)

@@ -359,7 +359,12 @@ class ApacheKafkaServer(EmbeddedServer):
     async def prepare(self) -> None:
         if shutil.which(self.java) is None:
             raise ServerStartError(f"kafka: `{self.java}` (Java 17+) is not on the PATH")
-        self._libs = await asyncio.to_thread(resolve_kafka_jars, self.version, self.cache_dir)
+        try:
+            self._libs = await asyncio.to_thread(resolve_kafka_jars, self.version, self.cache_dir)
+        except PermanentInfraError as exc:
+            if isinstance(exc, ServerStartError):
+                raise
+            raise ServerStartError(f"kafka: {exc.message}") from exc
         previous = _read_properties(self.properties_path)
         logs = self.data_dir / "kraft-logs"
         formatted = (logs / "meta.properties").exists()
