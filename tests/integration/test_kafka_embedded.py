@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from memstream.errors import ServerStartError
-from memstream.infra.embedded.kafka import ApacheKafkaServer, TansuServer
+from memstream.errors import PermanentInfraError, ServerStartError
+from memstream.infra.embedded.kafka import (
+    DEFAULT_KAFKA_VERSION,
+    ApacheKafkaServer,
+    TansuServer,
+    resolve_kafka_jars,
+)
 from memstream.infra.kafka import Bus, ensure_topics, high_watermarks
 from memstream.schemas.topics import Topics
 
@@ -80,3 +85,29 @@ async def test_second_kafka_on_a_running_data_dir_is_refused(
         await second.start()
     assert f"controller port {_kafka_server.controller_port}" in err.value.message
     assert _kafka_server.running
+
+
+def test_jar_resolution_fills_a_fresh_cache_once(tmp_path: Path, kafka_broker_kind: str) -> None:
+    if kafka_broker_kind != "kafka":
+        pytest.skip("needs mvn")
+    libs = resolve_kafka_jars(DEFAULT_KAFKA_VERSION, tmp_path)
+    assert libs == tmp_path / DEFAULT_KAFKA_VERSION / "libs"
+    jars = {p.name for p in libs.glob("*.jar")}
+    assert f"kafka_2.13-{DEFAULT_KAFKA_VERSION}.jar" in jars
+    assert f"kafka-clients-{DEFAULT_KAFKA_VERSION}.jar" in jars
+    assert not list((tmp_path / DEFAULT_KAFKA_VERSION).glob("libs.tmp-*"))
+    stamp = (libs / ".complete").stat().st_mtime_ns
+    assert resolve_kafka_jars(DEFAULT_KAFKA_VERSION, tmp_path) == libs  # cached: no Maven
+    assert (libs / ".complete").stat().st_mtime_ns == stamp
+
+
+def test_unknown_kafka_version_is_a_clear_error(tmp_path: Path, kafka_broker_kind: str) -> None:
+    with pytest.raises(PermanentInfraError, match="kafka_version"):
+        resolve_kafka_jars("latest", tmp_path)
+    if kafka_broker_kind != "kafka":
+        return
+    with pytest.raises(PermanentInfraError) as err:
+        resolve_kafka_jars("0.0.1", tmp_path, attempts=1)
+    assert "cannot resolve Apache Kafka 0.0.1" in err.value.message
+    assert "kafka_2.13" in err.value.message  # Maven's own words about the missing artifact
+    assert not (tmp_path / "0.0.1" / "libs").exists()
