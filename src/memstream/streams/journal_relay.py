@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -143,6 +144,7 @@ class JournalRelay:
         self._watermark = 0
         self._last_seq = 0
         self._stopping = False
+        self._publish_started: float | None = None
         self._failed_upto = 0  # highest seq attempted in a failed pass: later sends repeat it
         self.stats = RelayStats()
 
@@ -156,6 +158,16 @@ class JournalRelay:
     def backlog(self) -> int:
         """Sequenced records not yet published (last seq seen minus the watermark)."""
         return max(0, self._last_seq - self._watermark)
+
+    @property
+    def publishing_for(self) -> float:
+        """Seconds the current publish has been waiting on Kafka (0 when not publishing).
+
+        With the idempotent producer a broker outage shows here rather than in
+        ``stats.failures``: aiokafka retries the batch in place until the broker is back.
+        """
+        started = self._publish_started
+        return 0.0 if started is None else time.monotonic() - started
 
     @property
     def running(self) -> bool:
@@ -211,6 +223,7 @@ class JournalRelay:
         self._last_seq = max(self._last_seq, plan.last_seq)
         if not self._bus.started:
             await self._bus.start()
+        self._publish_started = time.monotonic()
         try:
             if plan.poison:
                 await self._bus.publish_many(self._topics.dlq, plan.poison)
@@ -218,6 +231,8 @@ class JournalRelay:
         except BaseException:
             self._failed_upto = max(self._failed_upto, plan.last_seq)
             raise
+        finally:
+            self._publish_started = None
         if self._failed_upto > self._watermark:
             self.stats.republished += sum(1 for s, _ in rows if s <= self._failed_upto)
         self.stats.published += len(plan.records)
