@@ -20,6 +20,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -203,6 +204,8 @@ class Bus:
                 )
             batch.close()
             future = await producer.send_batch(batch, topic, partition=partition)
+            # if our caller is cancelled, the outcome is still retrieved (no asyncio warning)
+            future.add_done_callback(_retrieve)
             await future
 
     async def flush(self) -> None:
@@ -214,8 +217,34 @@ class Bus:
             raise translate(exc, "flushing") from exc
 
 
-async def _close(producer: AIOKafkaProducer) -> None:
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _close(producer: AIOKafkaProducer, grace: float = 5.0) -> None:
+    """Stop the producer, letting it flush for ``grace`` seconds, then abandon what is left.
+
+    aiokafka's ``stop()`` waits for every pending batch, and the idempotent producer retries
+    a batch until the broker is back: with Kafka down it would wait forever. Records left
+    behind were never acknowledged, so callers (the relay) still hold them to re-send.
+    """
     try:
-        await asyncio.wait_for(producer.stop(), 15.0)
+        await asyncio.wait_for(producer.stop(), grace)
+        return
+    except TimeoutError:
+        log.warning(
+            "kafka producer could not flush within %.0fs (broker down?): unacknowledged "
+            "records are dropped here and re-sent by their owner",
+            grace,
+        )
     except Exception:  # noqa: BLE001 - a failed close must not mask the caller's error
         log.debug("closing the kafka producer failed", exc_info=True)
+    # No public abort in aiokafka: stop the sender task and the client ourselves. (aiokafka's
+    # own flush task may stay pending on the abandoned batches; it holds no connection.)
+    sender = getattr(producer, "_sender", None)
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        if sender is not None:
+            await asyncio.wait_for(sender.close(), grace)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.client.close(), grace)
