@@ -1,0 +1,50 @@
+"""What the counters processor reads from a ``message.appended``: thread, offset, tokens."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from memstream.errors import InvalidRequest
+from memstream.schemas.events import Envelope, message_appended
+from memstream.schemas.records import Message, ThreadRef
+from memstream.streams.counters import to_count
+
+
+def appended(**overrides: object) -> Envelope:
+    msg = Message(
+        account_id="acc",
+        agent_id="agent",
+        thread_id="th",
+        offset=7,
+        message_id="m7",
+        role="user",
+        content="hello",
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        token_count=12,
+    )
+    env = message_appended(msg, 1)
+    data = dict(env.data)
+    data.update(overrides)
+    return Envelope(env.type, env.id, env.ts, env.account_id, env.agent_id, env.thread_id, data)
+
+
+def test_a_message_counts_for_its_thread_at_its_offset_with_its_tokens() -> None:
+    assert to_count(appended()) == (ThreadRef("acc", "agent", "th"), 7, 12)
+    assert to_count(appended(token_count=None))[2] == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"offset": "7"}, "data.offset"),
+        ({"thread_id": None}, "data.thread_id"),
+        ({"token_count": 1.5}, "data.token_count"),
+        ({"token_count": True}, "data.token_count"),
+    ],
+)
+def test_a_malformed_message_names_the_field(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        to_count(appended(**overrides))
+    assert e.value.field == field
