@@ -302,3 +302,15 @@ async def test_journal_url_must_be_a_known_scheme(tmp_path: Path) -> None:
     assert e.value.field == "journal_url"
     _, path = journal_location(Settings(journal_url="s3://bucket/some/prefix"))
     assert path == "some/prefix/journal"
+
+
+async def test_on_durable_callbacks_run_after_each_commit(tmp_path: Path) -> None:
+    journal = await Journal.open(local_store(tmp_path / "cb"), "journal")
+    calls: list[int] = []
+    journal.on_durable(lambda: calls.append(journal.stats.batches))
+    try:
+        await journal.append(ThreadRef("a", "b", "t"), [NewMessage(role="user", content="hi")])
+        assert calls == [1]  # called once, after the batch was durable (stats already moved)
+        assert [m.content for m in await journal.last(ThreadRef("a", "b", "t"), 5)] == ["hi"]
+    finally:
+        await journal.close()

@@ -202,7 +202,8 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
     stoppers.append(bus.stop)
 
     if stack.journal is not None:  # the relay lives with the single journal writer
-        relay = JournalRelay(stack.journal, bus, topics, clock=stack.clock)
+        relay = JournalRelay(stack.journal, bus, topics, clock=stack.clock, metrics=svc.metrics)
+        stack.journal.on_durable(relay.notify)
         await relay.start()
         stoppers.append(relay.stop)
         stack.journal_relay = relay
