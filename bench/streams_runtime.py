@@ -8,6 +8,7 @@ Prints, on an embedded broker (Tansu by default, ``--broker kafka`` for Apache K
 - runtime, one record per call: a no-op ``Processor.handle`` hosted by ``Runner`` (group
   consumer, decode with ``schemas.events.decode``, metrics, commits);
 - runtime, batched: a no-op ``handle_batch`` with ``batch_max=500``;
+- runtime, raw: a no-op ``handle_raw`` (``raw = True``: no decode) with ``batch_max=500``;
 - the ratios runtime/raw. Time to first record (group join) is excluded from the rates.
 
 The three are measured in interleaved rounds (the machine is shared) and the medians are
@@ -34,7 +35,7 @@ from memstream.infra.metrics import make_metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.events import Envelope, decode, encode, thread_event
 from memstream.schemas.topics import JOURNAL, Topics
-from memstream.streams.processor import EventMeta, Processor, Received
+from memstream.streams.processor import EventMeta, Processor, RawRecord, Received
 from memstream.streams.runner import Runner
 
 PARTITIONS = 4
@@ -43,9 +44,10 @@ PARTITIONS = 4
 class Noop(Processor):
     topic = JOURNAL
 
-    def __init__(self, name: str, batch_max: int) -> None:
+    def __init__(self, name: str, batch_max: int, raw: bool = False) -> None:
         self.name = name
         self.batch_max = batch_max
+        self.raw = raw
         self.batch_within_s = 0.05
         self.count = 0
         self.first: float | None = None
@@ -64,6 +66,9 @@ class Noop(Processor):
 
     async def handle_batch(self, items: Sequence[Received]) -> None:
         self._tick(len(items))
+
+    async def handle_raw(self, records: Sequence[RawRecord]) -> None:
+        self._tick(len(records))
 
 
 async def fill(bootstrap: str, topic: str, n: int) -> None:
@@ -100,9 +105,11 @@ async def raw_rate(bootstrap: str, topic: str, n: int, *, decoding: bool = False
         await consumer.stop()
 
 
-async def runtime_rate(bootstrap: str, topics: Topics, data: Path, n: int, batch_max: int) -> float:
+async def runtime_rate(
+    bootstrap: str, topics: Topics, data: Path, n: int, batch_max: int, raw: bool = False
+) -> float:
     name = f"noop{batch_max}-{uuid.uuid4().hex[:6]}"
-    proc = Noop(name, batch_max)
+    proc = Noop(name, batch_max, raw)
     proc.target = n
     settings = Settings(
         kafka_bootstrap=bootstrap, topic_prefix=topics.prefix, partitions=PARTITIONS, data_dir=data
@@ -134,7 +141,7 @@ async def main() -> None:
             topics = Topics(prefix=f"b{uuid.uuid4().hex[:8]}.")
             await ensure_topics(bootstrap, topics, PARTITIONS, 1)
             await fill(bootstrap, topics.journal, args.records)
-            raws, decoded, singles, batches = [], [], [], []
+            raws, decoded, singles, batches, undecoded = [], [], [], [], []
             for _ in range(args.rounds):
                 raws.append(await raw_rate(bootstrap, topics.journal, args.records))
                 decoded.append(
@@ -142,9 +149,14 @@ async def main() -> None:
                 )
                 singles.append(await runtime_rate(bootstrap, topics, root / "d", args.records, 1))
                 batches.append(await runtime_rate(bootstrap, topics, root / "d", args.records, 500))
+                undecoded.append(
+                    await runtime_rate(bootstrap, topics, root / "d", args.records, 500, raw=True)
+                )
         finally:
             await server.stop()
-    raw, dec, single, batched = (statistics.median(x) for x in (raws, decoded, singles, batches))
+    raw, dec, single, batched, bulk = (
+        statistics.median(x) for x in (raws, decoded, singles, batches, undecoded)
+    )
     print(
         f"broker: {args.broker}, records: {args.records} (~200 B envelopes), {PARTITIONS} "
         f"partitions, median of {args.rounds} interleaved rounds"
@@ -153,6 +165,7 @@ async def main() -> None:
     print(f"raw getmany + decode:         {dec:10.0f} rec/s  ({dec / raw:.3f} of raw)")
     print(f"runtime, handle per record:   {single:10.0f} rec/s  ({single / raw:.3f} of raw)")
     print(f"runtime, handle_batch(500):   {batched:10.0f} rec/s  ({batched / raw:.3f} of raw)")
+    print(f"runtime, raw handle_raw(500): {bulk:10.0f} rec/s  ({bulk / raw:.3f} of raw)")
 
 
 if __name__ == "__main__":

@@ -161,3 +161,49 @@ async def test_dead_letter_publish_is_retried_until_the_broker_answers() -> None
 @pytest.mark.parametrize(("attempt", "expected"), [(1, 0.1), (2, 0.2), (4, 0.8), (20, 5.0)])
 def test_backoff_doubles_up_to_the_cap(attempt: int, expected: float) -> None:
     assert RetryPolicy().delay(attempt) == pytest.approx(expected)
+
+
+class RawBulk(Processor):
+    """Parses its records itself, all-or-nothing per call (like a bulk JSON insert)."""
+
+    name = "bulk"
+    topic = JOURNAL
+    raw = True
+    batch_max = 100
+
+    def __init__(self, transient: int = 0) -> None:
+        self.handled: list[int] = []
+        self.calls = 0
+        self.transient = transient
+
+    async def handle_raw(self, records: Sequence[RawRecord]) -> None:
+        self.calls += 1
+        if self.calls <= self.transient:
+            raise RetryableInfraError("clickhouse away")
+        for r in records:
+            decode(r.value)  # raises DecodeError naming the field
+        self.handled += [r.meta.offset for r in records]
+
+
+async def test_a_raw_processor_gets_bytes_and_only_its_bad_record_is_dead_lettered() -> None:
+    p, out, m = RawBulk(), Out(), make_metrics()
+    records = [rec(0, ev("t0")), rec(1, b"{oops"), rec(2, ev("t2"))]
+    await Dispatcher(p, dlq_topic="p.dlq", publish=out, metrics=m, retry=FAST).dispatch(records)
+    assert p.handled == [0, 2]
+    [(_, key, value)] = out.records
+    dl = decode(value)
+    assert key == b"th" and dl.data["origin_offset"] == 1 and dl.data["payload"] == "{oops"
+    assert "DecodeError" in str(dl.data["error"]) and "field $" in str(dl.data["error"])
+    assert (
+        m.sample("memstream_processor_errors_total", {"processor": "bulk", "kind": "decode"}) == 1
+    )
+    assert m.sample("memstream_processor_events_total", {"processor": "bulk", "topic": TOPIC}) == 3
+
+
+async def test_a_raw_batch_is_retried_whole_on_transient_errors() -> None:
+    p, out = RawBulk(transient=2), Out()
+    records = [rec(i, ev(f"t{i}")) for i in range(3)]
+    await Dispatcher(
+        p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+    ).dispatch(records)
+    assert p.handled == [0, 1, 2] and p.calls == 3 and out.records == []

@@ -4,7 +4,11 @@ A processor is a small class: a ``name`` (its consumer group is derived from it)
 ``topic`` it consumes (a suffix from :mod:`memstream.schemas.topics`, e.g. ``JOURNAL``),
 and either ``handle(envelope, meta)`` or, for processors that write in batches (ClickHouse),
 ``handle_batch(items)`` with ``batch_max`` > 1. It receives decoded envelopes; it never sees
-raw bytes, offsets to commit, or the dead-letter topic.
+offsets to commit or the dead-letter topic. A processor that parses in bulk (hands the JSON
+to a database) sets ``raw = True`` and overrides ``handle_raw(records)`` instead: the runtime
+then skips decoding (the Python decode is the runtime's main cost) and the same retry,
+isolation and dead-letter rules apply, with the handler's ``DecodeError`` counted as a decode
+error.
 
 :class:`Dispatcher` owns the rules around the handler (Kafka-free, so it is testable alone):
 
@@ -40,6 +44,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from memstream.errors import RetryableInfraError
@@ -153,6 +158,16 @@ class Processor(abc.ABC):
         for item in items:
             await self.handle(item.envelope, item.meta)
 
+    #: True: the runtime does not decode; it calls :meth:`handle_raw` with the records' bytes
+    #: (for processors that parse in bulk, e.g. hand the JSON to a database). Such a
+    #: processor owns decoding: it raises ``DecodeError`` (or any error) for a bad record,
+    #: and the dispatcher isolates and dead-letters it like any failing record.
+    raw: bool = False
+
+    async def handle_raw(self, records: Sequence[RawRecord]) -> None:
+        """Apply several undecoded records in order (only with ``raw = True``). Idempotent."""
+        raise NotImplementedError(f"{type(self).__name__} sets raw = True without handle_raw")
+
 
 class Dispatcher:
     """Decode, handle with retries, dead-letter on failure, count and time. See module doc."""
@@ -184,6 +199,9 @@ class Dispatcher:
         """Handle ``records`` (one batch, in order). Returns when each is applied or in the DLQ."""
         if not records:
             return
+        if self.processor.raw:
+            await self._dispatch_raw(records)
+            return
         good: list[Received] = []
         for rec in records:
             try:
@@ -208,6 +226,35 @@ class Dispatcher:
             elif error is not None:
                 await self._fail(good[0], error, records)
         self._latency.observe(time.perf_counter() - started)
+        self._count(records)
+
+    async def _dispatch_raw(self, records: Sequence[RawRecord]) -> None:
+        """The same rules for a ``raw`` processor: its handler decodes."""
+        started = time.perf_counter()
+        error = await self._attempt(lambda: self.processor.handle_raw(records), records[0].meta)
+        if isinstance(error, RetryableInfraError):
+            for rec in records:
+                await self._fail_raw(rec, error)
+        elif error is not None and len(records) > 1:
+            for rec in records:
+                single = await self._attempt(partial(self.processor.handle_raw, [rec]), rec.meta)
+                if single is not None:
+                    await self._fail_raw(rec, single)
+        elif error is not None:
+            await self._fail_raw(records[0], error)
+        self._latency.observe(time.perf_counter() - started)
+        self._count(records)
+
+    async def _fail_raw(self, rec: RawRecord, error: BaseException) -> None:
+        if isinstance(error, DecodeError):
+            self._errors_decode.inc()
+            text = f"DecodeError: {error} (field {error.field})"
+        else:
+            self._errors_handler.inc()
+            text = f"{type(error).__name__}: {error}"
+        await self._dead_letter(rec.meta, rec.value, text, exc=error)
+
+    def _count(self, records: Sequence[RawRecord]) -> None:
         by_topic: dict[str, int] = {}
         for rec in records:
             by_topic[rec.meta.topic] = by_topic.get(rec.meta.topic, 0) + 1
@@ -220,19 +267,25 @@ class Dispatcher:
 
     async def _run(self, items: list[Received]) -> BaseException | None:
         """Call the handler with retries; the final exception, or None on success."""
+        if len(items) == 1 and self.processor.batch_max <= 1:
+            return await self._attempt(
+                lambda: self.processor.handle(items[0].envelope, items[0].meta), items[0].meta
+            )
+        return await self._attempt(lambda: self.processor.handle_batch(items), items[0].meta)
+
+    async def _attempt(
+        self, call: Callable[[], Awaitable[None]], first: EventMeta
+    ) -> BaseException | None:
+        """``await call()`` with retries; the final exception, or None on success."""
         attempt = 0
         while True:
             attempt += 1
             try:
-                if len(items) == 1 and self.processor.batch_max <= 1:
-                    await self.processor.handle(items[0].envelope, items[0].meta)
-                else:
-                    await self.processor.handle_batch(items)
+                await call()
             except RetryableInfraError as e:
                 self._errors_retry.inc()
                 if attempt >= self._retry.attempts:
                     return e
-                first = items[0].meta
                 log.warning(
                     "%s: retryable error at %s[%d]@%d (attempt %d/%d): %s",
                     self.processor.name,
