@@ -11,11 +11,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
 
+from memstream.agents_ctx.http.bodies import read_object
 from memstream.agents_ctx.http.deps import ServicesDep, services
 from memstream.agents_ctx.http.responses import JSONResponse
-from memstream.agents_ctx.http.threads_routes import open_thread, read_json
+from memstream.agents_ctx.http.threads_routes import open_thread
 from memstream.agents_ctx.validation import check_id, parse_append_body
-from memstream.errors import InvalidRequest, Unauthorized
+from memstream.errors import Unauthorized
 from memstream.schemas.records import ThreadRef
 
 
@@ -36,9 +37,7 @@ router = APIRouter(prefix="/admin", dependencies=[Depends(admin)])
 @router.post("/append")
 async def append(request: Request, svc: ServicesDep) -> JSONResponse:
     """``{"account_id", "agent_id", "thread_id", "user_id"?, "messages": [...]}``."""
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object", field="body")
+    body = await read_object(request)
     ref = ThreadRef(
         check_id(body.get("account_id"), "account_id"),
         check_id(body.get("agent_id"), "agent_id"),

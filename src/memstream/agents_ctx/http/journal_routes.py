@@ -7,11 +7,9 @@ gateway. Bodies and query strings are parsed by hand so every error names its fi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import orjson
 from fastapi import APIRouter, Request
 
+from memstream.agents_ctx.http.bodies import read_object
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.journal_tools import journal_message_search, journal_tool_call_view
@@ -36,17 +34,6 @@ def _summarizer(svc: Services) -> SummaryModel:
     return svc.summary_model if svc.summary_model is not None else ExtractiveSummaryModel()
 
 
-async def _body(request: Request) -> Mapping[str, object]:
-    raw = await request.body()
-    try:
-        obj = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as e:
-        raise InvalidRequest(f"the body is not valid JSON: {e}", field="body") from None
-    if not isinstance(obj, dict):
-        raise InvalidRequest("the body must be a JSON object", field="body")
-    return obj
-
-
 def _query_int(request: Request, name: str, default: int) -> int:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
@@ -59,7 +46,7 @@ def _query_int(request: Request, name: str, default: int) -> int:
 
 @router.post("/journal/search")
 async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
-    body = await _body(request)
+    body = await read_object(request)
     await wait_for_messages(svc, caller, body.get("after"))  # read-your-writes
     result = await journal_message_search(
         caller,

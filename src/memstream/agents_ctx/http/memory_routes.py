@@ -13,17 +13,15 @@ Errors: ``invalid_request`` (with ``field``), ``prompt_injection``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import orjson
 from fastapi import APIRouter, Request
 
+from memstream.agents_ctx.http.bodies import read_object
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.agents_ctx.read_your_writes import wait_for_memory
 from memstream.agents_ctx.services import Services
-from memstream.errors import InfraError, InvalidRequest
+from memstream.errors import InfraError
 from memstream.schemas.records import JSONObject
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
@@ -35,20 +33,9 @@ def _memory(svc: Services) -> MemoryService:
     return svc.memory
 
 
-async def _body(request: Request) -> Mapping[str, object]:
-    raw = await request.body()
-    try:
-        obj = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as e:
-        raise InvalidRequest(f"the body is not valid JSON: {e}", field="body") from None
-    if not isinstance(obj, dict):
-        raise InvalidRequest("the body must be a JSON object", field="body")
-    return obj
-
-
 @router.post("/memory/store")
 async def memory_store(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
-    body = await _body(request)
+    body = await read_object(request)
     result = await _memory(svc).store(
         caller,
         key=body.get("key"),
@@ -65,7 +52,7 @@ async def memory_store(request: Request, caller: CallerDep, svc: ServicesDep) ->
 
 @router.post("/memory/recall")
 async def memory_recall(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
-    body = await _body(request)
+    body = await read_object(request)
     await wait_for_memory(svc, caller, body.get("after"))  # read-your-writes
     result = await _memory(svc).recall(
         caller, body.get("query"), limit=body.get("limit"), category=body.get("category")
@@ -80,5 +67,5 @@ async def memory_recall(request: Request, caller: CallerDep, svc: ServicesDep) -
 
 @router.post("/memory/forget")
 async def memory_forget(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
-    body = await _body(request)
+    body = await read_object(request)
     return JSONResponse({"forgotten": await _memory(svc).forget(caller, body.get("key"))})

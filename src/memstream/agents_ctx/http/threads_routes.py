@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import uuid
 
-import orjson
 from fastapi import APIRouter, Request, Response
 
+from memstream.agents_ctx.http.bodies import read_json
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.services import Services
@@ -22,16 +22,6 @@ from memstream.schemas.events import thread_event
 from memstream.schemas.records import Caller, JSONValue, ThreadRef
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
-
-
-async def read_json(request: Request) -> object:
-    raw = await request.body()
-    if not raw:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise InvalidRequest(f"the body is not valid JSON: {e}", field="body") from None
 
 
 async def open_thread(

@@ -70,6 +70,17 @@ def settings_for_running(data_dir: Path | None) -> Settings:
     return s.model_copy(update=update)
 
 
+def postgres_dsn_or_exit(data_dir: Path | None) -> str:
+    """The Postgres DSN from settings or the running system's state file, else exit 2."""
+    dsn = settings_for_running(data_dir).postgres_dsn.get_secret_value()
+    if not dsn:
+        err.print(
+            "[red]set MEMSTREAM_POSTGRES_DSN[/] (or pass --data-dir of a running `memstream up`)"
+        )
+        raise typer.Exit(2)
+    return dsn
+
+
 def api_url_of(s: Settings, url: str | None) -> str:
     if url:
         return url.rstrip("/")
@@ -190,13 +201,7 @@ def migrate(data_dir: DataDir = None) -> None:
     from memstream.infra.postgres import create_pool
     from memstream.infra.postgres import migrate as do_migrate
 
-    s = settings_for_running(data_dir)
-    dsn = s.postgres_dsn.get_secret_value()
-    if not dsn:
-        err.print(
-            "[red]set MEMSTREAM_POSTGRES_DSN[/] (or pass --data-dir of a running `memstream up`)"
-        )
-        raise typer.Exit(2)
+    dsn = postgres_dsn_or_exit(data_dir)
 
     async def go() -> list[str]:
         pool = await create_pool(dsn)
@@ -225,13 +230,7 @@ def keys_create(account: str, data_dir: DataDir = None) -> None:
     except MemstreamError as e:
         err.print(f"[red]error:[/] {e.message}")
         raise typer.Exit(2) from None
-    s = settings_for_running(data_dir)
-    dsn = s.postgres_dsn.get_secret_value()
-    if not dsn:
-        err.print(
-            "[red]set MEMSTREAM_POSTGRES_DSN[/] (or pass --data-dir of a running `memstream up`)"
-        )
-        raise typer.Exit(2)
+    dsn = postgres_dsn_or_exit(data_dir)
 
     async def go() -> str:
         pool = await create_pool(dsn)

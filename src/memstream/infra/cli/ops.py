@@ -16,7 +16,15 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from memstream.infra.cli.main import DataDir, app, err, out, run, settings_for_running
+from memstream.infra.cli.main import (
+    DataDir,
+    app,
+    err,
+    out,
+    postgres_dsn_or_exit,
+    run,
+    settings_for_running,
+)
 from memstream.schemas.topics import JOURNAL, MEMORY, SUMMARIES, Topics
 
 #: every processor and the topic it consumes (names as ``memstream worker`` takes them)
@@ -174,13 +182,7 @@ def hygiene(
             "pass --now to run a hygiene pass now (the daily pass runs inside memstream up/worker)"
         )
         raise typer.Exit(2)
-    s = settings_for_running(data_dir)
-    dsn = s.postgres_dsn.get_secret_value()
-    if not dsn:
-        err.print(
-            "[red]set MEMSTREAM_POSTGRES_DSN[/] (or pass --data-dir of a running `memstream up`)"
-        )
-        raise typer.Exit(2)
+    dsn = postgres_dsn_or_exit(data_dir)
 
     async def go() -> object:
         pool = await create_pool(dsn)

@@ -1,0 +1,30 @@
+"""Reading request bodies by hand, so every error names the exact field (FastAPI's own
+body models would report pydantic locations instead)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import orjson
+from fastapi import Request
+
+from memstream.errors import InvalidRequest
+
+
+async def read_json(request: Request) -> object:
+    """The body as JSON (``None`` when empty); invalid JSON names the field ``body``."""
+    raw = await request.body()
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(f"the body is not valid JSON: {e}", field="body") from None
+
+
+async def read_object(request: Request) -> Mapping[str, object]:
+    """The body as a JSON object; anything else names the field ``body``."""
+    obj = await read_json(request)
+    if not isinstance(obj, dict):
+        raise InvalidRequest("the body must be a JSON object", field="body")
+    return obj
