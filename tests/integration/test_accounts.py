@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from memstream.infra.accounts import Accounts
@@ -57,3 +59,13 @@ async def test_agents_and_threads(pg_pool: asyncpg.Pool) -> None:
     assert not await accounts.delete_thread(ref)
     got = await accounts.get_thread(ref)
     assert got is not None and got.deleted
+
+
+async def test_key_cache_is_short_lived(pg_pool: asyncpg.Pool) -> None:
+    accounts = Accounts(pg_pool, key_cache_ttl_s=0.2)
+    key = await accounts.create_key("revocable")
+    assert await accounts.authenticate(key) == "revocable"
+    await pg_pool.execute("UPDATE api_keys SET revoked_at = now() WHERE account_id = 'revocable'")
+    assert await accounts.authenticate(key) == "revocable"  # still cached
+    await asyncio.sleep(0.25)
+    assert await accounts.authenticate(key) is None  # revocation visible after the TTL

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 
 import asyncpg
@@ -45,8 +46,18 @@ class Thread:
 class Accounts:
     """Repository over the core tables. Every method is one short transaction."""
 
-    def __init__(self, pool: asyncpg.Pool, *, known_agents_max: int = 100_000) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        known_agents_max: int = 100_000,
+        key_cache_ttl_s: float = 5.0,
+    ) -> None:
         self.pool = pool
+        # Authenticated keys are remembered briefly so a turn's requests cost no key lookup;
+        # a revoked key therefore keeps working for at most ``key_cache_ttl_s`` seconds.
+        self._key_cache: dict[str, tuple[str, float]] = {}
+        self._key_cache_ttl = key_cache_ttl_s
         # Agents are never deleted, so "this agent exists" can be remembered: read routes
         # then skip the upsert (a write) they would otherwise make on every request.
         self._known_agents: set[tuple[str, str]] = set()
@@ -92,12 +103,22 @@ class Accounts:
             )
 
     async def authenticate(self, key: str) -> str | None:
-        """The account a key belongs to, or None if unknown or revoked."""
+        """The account a key belongs to, or None if unknown or revoked (cached briefly)."""
+        digest = hash_key(key)
+        now = time.monotonic()
+        hit = self._key_cache.get(digest)
+        if hit is not None and hit[1] > now:
+            return hit[0]
         result = await self.pool.fetchval(
-            "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
-            hash_key(key),
+            "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", digest
         )
-        return None if result is None else str(result)
+        if result is None:
+            self._key_cache.pop(digest, None)
+            return None
+        if len(self._key_cache) > 10_000:
+            self._key_cache.clear()
+        self._key_cache[digest] = (str(result), now + self._key_cache_ttl)
+        return str(result)
 
     async def ensure_agent(self, account_id: str, agent_id: str) -> Agent:
         row = await self.pool.fetchrow(
