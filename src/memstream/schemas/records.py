@@ -4,14 +4,20 @@ Frozen dataclasses with ``to_dict`` / ``from_dict``. ``from_dict`` is lenient ab
 fields (they are ignored, so newer writers do not break older readers) and strict about the
 known ones: a missing or mistyped field raises :class:`~memstream.errors.InvalidRequest`
 naming it. Times are timezone-aware UTC ``datetime`` objects, ISO-8601 on the wire.
+
+Speed: ``Message``/``MemoryEntry``/``ToolCall.from_dict`` run on every event a stream
+processor reads, so each has a straight-line fast path (exact-type checks, one dict lookup per
+field, a small cache of parsed ISO times, slots filled without the frozen ``__init__``). Any
+input the fast path does not accept as-is goes to the original checked reader
+(``_from_dict_checked``), so results and errors (the field named) are exactly the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
-from typing import Literal, TypeAlias, cast, get_args
+from typing import Any, Literal, TypeAlias, cast, get_args
 
 from memstream.errors import InvalidRequest
 from memstream.schemas.limits import WINDOW_MESSAGES
@@ -82,7 +88,43 @@ def iso(t: datetime | None) -> str | None:
     """ISO-8601 UTC with millisecond precision and a ``Z`` suffix."""
     if t is None:
         return None
-    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    global _iso_last  # noqa: PLW0603 - a one-entry cache: a batch shares one created_at
+    last = _iso_last
+    if last[0] is t:
+        return last[1]
+    out = t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    _iso_last = (t, out)
+    return out
+
+
+_iso_last: tuple[datetime | None, str] = (None, "")
+
+# --- fast-path helpers -----------------------------------------------------------------------
+_TIME_CACHE: dict[str, datetime] = {}
+_TIME_CACHE_MAX = 4096
+
+
+def _cached_time(value: str, name: str) -> datetime:
+    """``parse_time`` for a string, memoized (datetimes are immutable; events of one batch
+    share their times). Raises exactly what ``parse_time`` raises."""
+    t = _TIME_CACHE.get(value)
+    if t is None:
+        t = parse_time(value, name)
+        if len(_TIME_CACHE) >= _TIME_CACHE_MAX:
+            _TIME_CACHE.clear()
+        _TIME_CACHE[value] = t
+    return t
+
+
+def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
+    """The slot setters of a frozen slots dataclass, in ``names`` order. Import fails if
+    ``names`` is not exactly the class's fields, so a new field cannot be left unset."""
+    if tuple(sorted(f.name for f in fields(cls))) != tuple(sorted(names)):
+        raise RuntimeError(f"fast constructor of {cls.__name__} is out of date with its fields")
+    return tuple(cls.__dict__[n].__set__ for n in names)
+
+
+_new = object.__new__
 
 
 # --- records -------------------------------------------------------------------------------
@@ -99,11 +141,30 @@ class ToolCall:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object], *, prefix: str = "") -> ToolCall:
+        if type(d) is dict:
+            id_, name = d.get("id"), d.get("name")
+            if type(id_) is str and type(name) is str:
+                return _tool_call(id_, name, d.get("arguments"))
+        return cls._from_dict_checked(d, prefix=prefix)
+
+    @classmethod
+    def _from_dict_checked(cls, d: Mapping[str, object], *, prefix: str = "") -> ToolCall:
         return cls(
             id=req_str(d, "id", prefix=prefix),
             name=req_str(d, "name", prefix=prefix),
             arguments=cast(JSONValue, d.get("arguments")),
         )
+
+
+_TC_ID, _TC_NAME, _TC_ARGS = _slot_setters(ToolCall, ("id", "name", "arguments"))
+
+
+def _tool_call(id_: str, name: str, arguments: object) -> ToolCall:
+    tc: ToolCall = _new(ToolCall)
+    _TC_ID(tc, id_)
+    _TC_NAME(tc, name)
+    _TC_ARGS(tc, arguments)
+    return tc
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +210,14 @@ class Message:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> Message:
+        if type(d) is dict:
+            msg = _message_fast(d)
+            if msg is not None:
+                return msg
+        return cls._from_dict_checked(d)
+
+    @classmethod
+    def _from_dict_checked(cls, d: Mapping[str, object]) -> Message:
         role = req_str(d, "role")
         if role not in ROLES:
             raise InvalidRequest(f"role must be one of {', '.join(ROLES)}", field="role")
@@ -176,6 +245,108 @@ class Message:
             user_id=opt_str(d, "user_id"),
             created_at=parse_time(d.get("created_at"), "created_at"),
         )
+
+
+_MESSAGE_SLOTS = (
+    "account_id",
+    "agent_id",
+    "thread_id",
+    "offset",
+    "message_id",
+    "role",
+    "content",
+    "created_at",
+    "token_count",
+    "seq",
+    "reasoning",
+    "tool_calls",
+    "tool_call_id",
+    "user_id",
+)
+(
+    _M_ACCOUNT,
+    _M_AGENT,
+    _M_THREAD,
+    _M_OFFSET,
+    _M_ID,
+    _M_ROLE,
+    _M_CONTENT,
+    _M_CREATED,
+    _M_TOKENS,
+    _M_SEQ,
+    _M_REASONING,
+    _M_CALLS,
+    _M_CALL_ID,
+    _M_USER,
+) = _slot_setters(Message, _MESSAGE_SLOTS)
+_ROLE_SET = frozenset(ROLES)
+
+
+def _message_fast(d: dict[str, object]) -> Message | None:
+    """``Message.from_dict`` for well-typed input, or None (then the checked path decides)."""
+    g = d.get
+    account_id, agent_id, thread_id = g("account_id"), g("agent_id"), g("thread_id")
+    offset, message_id, role, content = g("offset"), g("message_id"), g("role"), g("content")
+    seq, token_count = g("seq"), g("token_count")
+    reasoning, tool_call_id, user_id = g("reasoning"), g("tool_call_id"), g("user_id")
+    created = g("created_at")
+    if not (
+        type(account_id) is str
+        and type(agent_id) is str
+        and type(thread_id) is str
+        and type(offset) is int
+        and type(message_id) is str
+        and type(role) is str
+        and role in _ROLE_SET
+        and type(content) is str
+        and type(created) is str
+        and (reasoning is None or type(reasoning) is str)
+        and (tool_call_id is None or type(tool_call_id) is str)
+        and (user_id is None or type(user_id) is str)
+    ):
+        return None
+    if seq is None:
+        seq = 0
+    elif type(seq) is not int:
+        return None
+    if token_count is None:
+        token_count = 0
+    elif type(token_count) is not int:
+        return None
+    raw_calls = g("tool_calls")
+    calls: tuple[ToolCall, ...] = ()
+    if raw_calls:
+        if type(raw_calls) is not list:
+            return None
+        out = []
+        for tc in raw_calls:
+            if type(tc) is not dict:
+                return None
+            id_, name = tc.get("id"), tc.get("name")
+            if type(id_) is not str or type(name) is not str:
+                return None
+            out.append(_tool_call(id_, name, tc.get("arguments")))
+        calls = tuple(out)
+    try:
+        created_at = _cached_time(created, "created_at")
+    except InvalidRequest:
+        return None
+    msg: Message = _new(Message)
+    _M_ACCOUNT(msg, account_id)
+    _M_AGENT(msg, agent_id)
+    _M_THREAD(msg, thread_id)
+    _M_OFFSET(msg, offset)
+    _M_ID(msg, message_id)
+    _M_ROLE(msg, role)
+    _M_CONTENT(msg, content)
+    _M_CREATED(msg, created_at)
+    _M_TOKENS(msg, token_count)
+    _M_SEQ(msg, seq)
+    _M_REASONING(msg, reasoning)
+    _M_CALLS(msg, calls)
+    _M_CALL_ID(msg, tool_call_id)
+    _M_USER(msg, user_id)
+    return msg
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +478,14 @@ class MemoryEntry:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> MemoryEntry:
+        if type(d) is dict:
+            entry = _entry_fast(d)
+            if entry is not None:
+                return entry
+        return cls._from_dict_checked(d)
+
+    @classmethod
+    def _from_dict_checked(cls, d: Mapping[str, object]) -> MemoryEntry:
         category = req_str(d, "category")
         if category not in CATEGORIES:
             raise InvalidRequest(
@@ -332,6 +511,114 @@ class MemoryEntry:
             last_recalled_at=opt_time(d, "last_recalled_at"),
             version=int(cast(int, d.get("version") or 1)),
         )
+
+
+_ENTRY_SLOTS = (
+    "account_id",
+    "agent_id",
+    "key",
+    "content",
+    "category",
+    "visibility",
+    "importance",
+    "content_hash",
+    "created_at",
+    "updated_at",
+    "user_id",
+    "expires_at",
+    "recall_count",
+    "last_recalled_at",
+    "version",
+)
+(
+    _E_ACCOUNT,
+    _E_AGENT,
+    _E_KEY,
+    _E_CONTENT,
+    _E_CATEGORY,
+    _E_VISIBILITY,
+    _E_IMPORTANCE,
+    _E_HASH,
+    _E_CREATED,
+    _E_UPDATED,
+    _E_USER,
+    _E_EXPIRES,
+    _E_RECALLS,
+    _E_RECALLED,
+    _E_VERSION,
+) = _slot_setters(MemoryEntry, _ENTRY_SLOTS)
+_CATEGORY_SET = frozenset(CATEGORIES)
+_VISIBILITY_SET = frozenset(VISIBILITIES)
+
+
+def _entry_fast(d: dict[str, object]) -> MemoryEntry | None:
+    """``MemoryEntry.from_dict`` for well-typed input, or None (the checked path decides)."""
+    g = d.get
+    account_id, agent_id, key, content = g("account_id"), g("agent_id"), g("key"), g("content")
+    category, visibility, importance = g("category"), g("visibility"), g("importance")
+    content_hash, user_id = g("content_hash"), g("user_id")
+    created, updated, expires, recalled = (
+        g("created_at"),
+        g("updated_at"),
+        g("expires_at"),
+        g("last_recalled_at"),
+    )
+    recall_count, version = g("recall_count"), g("version")
+    if not (
+        type(account_id) is str
+        and type(agent_id) is str
+        and type(key) is str
+        and type(content) is str
+        and type(category) is str
+        and category in _CATEGORY_SET
+        and type(visibility) is str
+        and visibility in _VISIBILITY_SET
+        and type(content_hash) is str
+        and type(created) is str
+        and type(updated) is str
+        and (expires is None or type(expires) is str)
+        and (recalled is None or type(recalled) is str)
+        and (user_id is None or type(user_id) is str)
+    ):
+        return None
+    if type(importance) is float:
+        pass
+    elif type(importance) is int:
+        importance = float(importance)
+    else:
+        return None
+    if recall_count is None:
+        recall_count = 0
+    elif type(recall_count) is not int:
+        return None
+    if not version:  # None, missing or 0: the checked path reads ``version or 1``
+        version = 1
+    elif type(version) is not int:
+        return None
+    try:
+        created_at = _cached_time(created, "created_at")
+        updated_at = _cached_time(updated, "updated_at")
+        expires_at = None if expires is None else _cached_time(expires, "expires_at")
+        last_recalled_at = None if recalled is None else _cached_time(recalled, "last_recalled_at")
+    except InvalidRequest:
+        return None
+    entry: MemoryEntry = _new(MemoryEntry)
+    _E_ACCOUNT(entry, account_id)
+    _E_AGENT(entry, agent_id)
+    _E_KEY(entry, key)
+    _E_CONTENT(entry, content)
+    _E_CATEGORY(entry, category)
+    _E_VISIBILITY(entry, visibility)
+    _E_IMPORTANCE(entry, importance)
+    _E_HASH(entry, content_hash)
+    _E_CREATED(entry, created_at)
+    _E_UPDATED(entry, updated_at)
+    _E_USER(entry, user_id)
+    _E_EXPIRES(entry, expires_at)
+    _E_RECALLS(entry, recall_count)
+    _E_RECALLED(entry, last_recalled_at)
+    _E_VERSION(entry, version)
+    return entry
 
 
 @dataclass(frozen=True, slots=True)
