@@ -191,11 +191,19 @@ async def bench_size(
     bases,
     reps: int,
     optimize: bool = False,
+    analyze: bool = True,
 ) -> None:
     acct = f"bench{n}"
     t = time.perf_counter()
     await load(pool, index, edge, acct, n, base_vecs, bases)
     print(f"\n== {n} entries per agent (loaded in {time.perf_counter() - t:.1f}s)")
+    if analyze:
+        # what autovacuum does within a minute of a bulk load; without statistics the
+        # planner reads a freshly COPYed table as ~1 row per agent and scans the agent's
+        # rows for the id fetch (see docs/memory.md, "Recall latency")
+        await pool.execute("ANALYZE memory_entries")
+    else:
+        print("(no ANALYZE: planner statistics as right after the bulk load)")
     if optimize:
         t = time.perf_counter()
         await asyncio.to_thread(edge.optimize, index.collection(acct))
@@ -205,7 +213,7 @@ async def bench_size(
     name = index.collection(acct)
     now = datetime.now(UTC)
 
-    svc, idx, raw, raw_q = [], [], [], []
+    svc, idx, raw, raw_q, fetch, mark = [], [], [], [], [], []
     sources = set()
     for r in range(reps):
         q = QUERIES[r % len(QUERIES)]
@@ -240,11 +248,23 @@ async def bench_size(
         )
         raw.append(time.perf_counter() - t0)
         raw_q.append(t1 - t0)
+
+        # the service's two Postgres steps alone: the authoritative fetch and the write
+        hits_ = [((h[0].owner, h[0].key), h[1]) for h in hits]
+        t0 = time.perf_counter()
+        scored = await service._fetch_hits(caller, hits_, None, now)  # noqa: SLF001
+        fetch.append(time.perf_counter() - t0)
+        top = sorted(scored, key=lambda es: -es[1])[:5]
+        t0 = time.perf_counter()
+        await service._mark_recalled(caller, [e for e, _ in top], now)  # noqa: SLF001
+        mark.append(time.perf_counter() - t0)
     for label, xs in (
         ("service recall", svc),
         ("index query", idx),
         ("raw: edge query", raw_q),
         ("raw: edge query + pg fetch", raw),
+        ("service: pg fetch (phase 2)", fetch),
+        ("service: counters+outbox write", mark),
     ):
         print(f"{label:30s} p50={pct(xs, 50):7.2f} ms  p99={pct(xs, 99):7.2f} ms")
     print(
@@ -262,6 +282,11 @@ async def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--optimize", action="store_true", help="build HNSW before querying")
+    ap.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="query right after the bulk load, before planner statistics exist",
+    )
     args = ap.parse_args()
     random.seed(7)
     bases = [f"{s} {v} {o}" for s in SUBJECTS for v in VERBS for o in OBJECTS]
@@ -290,7 +315,16 @@ async def main() -> None:
             service = MemoryService(pool, SystemClock(), index)
             for n in args.sizes:
                 await bench_size(
-                    pool, index, edge, service, n, base_vecs, bases, args.queries, args.optimize
+                    pool,
+                    index,
+                    edge,
+                    service,
+                    n,
+                    base_vecs,
+                    bases,
+                    args.queries,
+                    args.optimize,
+                    not args.no_analyze,
                 )
             await index.close()
             await pool.close()
