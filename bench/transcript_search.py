@@ -135,7 +135,7 @@ async def bench_projector(
     # warm-up (first Arrow conversions, first inserts), then start from an empty table
     await dispatcher.dispatch(records[:batch])
     await engine.command("TRUNCATE TABLE bench_projector.messages")
-    projector.rows_written = 0
+    projector.rows_written = projector.bulk_batches = projector.python_batches = 0
     started = time.perf_counter()
     for i in range(0, n, batch):
         await dispatcher.dispatch(records[i : i + batch])
@@ -184,7 +184,10 @@ async def bench_projector(
     print(
         f"raw chdb Arrow insert: {rows} rows in {raw_s:.2f} s = {raw_rate:,.0f} rows/s, batch {batch}"
     )
-    print(f"ratio projector/raw = {proj_rate / raw_rate:.2f} (target >= 0.5)")
+    print(
+        f"ratio projector/raw = {proj_rate / raw_rate:.2f} (target >= 0.5); "
+        f"bulk batches {projector.bulk_batches}, Python batches {projector.python_batches}"
+    )
     print(
         f"projector step without the runtime's decode: {step_rows / step_s:,.0f} rows/s, "
         f"ratio {step_rows / step_s / raw_rate:.2f}"

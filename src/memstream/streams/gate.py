@@ -10,11 +10,18 @@ read-your-writes :class:`~memstream.projections.positions.Watermarks`:
 
 A batch that fails is not recorded; its records are retried or dead-lettered by the
 runtime (a dead-lettered record never advances a watermark; later ones do).
+
+A ``raw`` processor (``raw = True``, ``handle_raw``) stays raw behind the gate. If it reports
+what it applied (:class:`ReportsPositions`, e.g. the message projector, whose positions come
+back from ClickHouse's bulk parse) and the recorder takes positions
+(:class:`PositionRecorder`), those are recorded without decoding anything; otherwise the
+records are decoded for the recorder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 from memstream.projections.positions import (
     Watermarks,
@@ -22,16 +29,48 @@ from memstream.projections.positions import (
     thread_position_key,
 )
 from memstream.projections.replay import Gate
-from memstream.schemas.events import Envelope
-from memstream.streams.processor import EventMeta, Processor, ProcessorContext, Received
+from memstream.schemas.events import DecodeError, Envelope, decode
+from memstream.streams.processor import (
+    EventMeta,
+    Processor,
+    ProcessorContext,
+    RawRecord,
+    Received,
+)
 
-__all__ = ["GatedProcessor", "Recorder", "record_memory", "record_messages"]
+__all__ = [
+    "GatedProcessor",
+    "PositionRecorder",
+    "Recorder",
+    "ReportsPositions",
+    "record_memory",
+    "record_messages",
+]
 
 Recorder = Callable[[Sequence[Received]], None]
 
 
-def record_messages(marks: Watermarks) -> Recorder:
-    def record(items: Sequence[Received]) -> None:
+@runtime_checkable
+class ReportsPositions(Protocol):
+    def applied_positions(self) -> Mapping[str, int]:
+        """Positions (key -> highest) applied by the last successful handler call."""
+        ...
+
+
+@runtime_checkable
+class PositionRecorder(Protocol):
+    def __call__(self, items: Sequence[Received]) -> None: ...
+
+    def advance(self, positions: Mapping[str, int]) -> None:
+        """Record positions a processor reported itself."""
+        ...
+
+
+class _MessageRecorder:
+    def __init__(self, marks: Watermarks) -> None:
+        self.marks = marks
+
+    def __call__(self, items: Sequence[Received]) -> None:
         best: dict[str, int] = {}
         for it in items:
             env = it.envelope
@@ -41,9 +80,16 @@ def record_messages(marks: Watermarks) -> Recorder:
             if isinstance(seq, int) and not isinstance(seq, bool):
                 key = thread_position_key(env.account_id, env.agent_id, env.thread_id)
                 best[key] = max(best.get(key, 0), seq)
-        marks.advance_many(best)
+        self.marks.advance_many(best)
 
-    return record
+    def advance(self, positions: Mapping[str, int]) -> None:
+        self.marks.advance_many(dict(positions))
+
+
+def record_messages(marks: Watermarks) -> Recorder:
+    """Thread positions (journal seq per ``account/agent/thread``); also a
+    :class:`PositionRecorder`, for processors that report them."""
+    return _MessageRecorder(marks)
 
 
 def record_memory(marks: Watermarks) -> Recorder:
@@ -74,6 +120,7 @@ class GatedProcessor(Processor):
         self.topic = inner.topic
         self.batch_max = inner.batch_max
         self.batch_within_s = inner.batch_within_s
+        self.raw = inner.raw
 
     async def start(self, ctx: ProcessorContext) -> None:
         await self.inner.start(ctx)
@@ -96,3 +143,19 @@ class GatedProcessor(Processor):
                     await self.inner.handle(it.envelope, it.meta)
         if self.recorder is not None:
             self.recorder(items)
+
+    async def handle_raw(self, records: Sequence[RawRecord]) -> None:
+        async with self.gate:
+            await self.inner.handle_raw(records)
+        if self.recorder is None:
+            return
+        if isinstance(self.inner, ReportsPositions) and isinstance(self.recorder, PositionRecorder):
+            self.recorder.advance(self.inner.applied_positions())
+            return
+        items = []
+        for rec in records:
+            try:
+                items.append(Received(decode(rec.value), rec.meta))
+            except DecodeError:
+                continue  # the handler accepted it; nothing to record from it
+        self.recorder(items)

@@ -9,7 +9,7 @@ and inserts Arrow tables with ``insert_arrow``; an insert is committed when it r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -58,6 +58,19 @@ class ClickHouseConnectEngine:
         except Exception as e:
             raise RetryableInfraError(f"clickhouse: {e}") from e
         return int(data.num_rows)
+
+    async def query_input_arrow(
+        self, sql_of_source: Callable[[str], str], payload: bytes, fmt: str, structure: str
+    ) -> pa.Table:
+        """The payload travels with the query as an external table named ``journal_batch``."""
+        from clickhouse_connect.driver.external import ExternalData  # noqa: PLC0415
+
+        client = await self._get()
+        data = ExternalData(file_name="journal_batch", data=payload, fmt=fmt, structure=structure)
+        try:
+            return await client.query_arrow(sql_of_source("journal_batch"), external_data=data)
+        except Exception as e:
+            raise RetryableInfraError(f"clickhouse: {e}") from e
 
     async def close(self) -> None:
         if self._client is not None:

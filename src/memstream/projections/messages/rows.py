@@ -24,10 +24,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memstream.errors import InvalidRequest
 from memstream.schemas.events import DecodeError, Envelope
-from memstream.schemas.records import ROLES, Message, parse_time
+from memstream.schemas.records import ROLES, Message, ThreadRef, parse_time
 
 SEARCHABLE_ROLES: Final = frozenset({"user", "assistant"})
 """The only roles whose text is projected (the spec: user and assistant messages only)."""
@@ -218,3 +219,72 @@ def arrow_ipc(table: pa.Table) -> bytes:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue()
+
+
+# --- The bulk path: rows parsed by ClickHouse (see sql.journal_batch_sql) ---------------------
+_KEY_COLUMNS: Final = ("account_id", "agent_id", "thread_id", "offset")
+_KIND_POSITION: Final = 1
+_KIND_ROW: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedBatch:
+    """What one batch of journal records projects to, computed column-wise.
+
+    ``messages``: the rows (:data:`MESSAGES_SCHEMA`), one per key, the first in batch order
+    (as :func:`memstream.streams.message_projector.rows_of_batch`); ``owners``: the distinct
+    (account, agent, thread, user) of rows with a user (:data:`THREAD_USERS_SCHEMA`);
+    ``positions``: per thread key (``account/agent/thread``) the highest journal seq among the
+    batch's ``message.appended`` events of any role (the read-your-writes position).
+    """
+
+    messages: pa.Table
+    owners: pa.Table
+    positions: dict[str, int]
+
+
+def split_journal_batch(parsed: pa.Table) -> ParsedBatch:
+    """Split the result of ``journal_batch_sql`` (``kind`` then the messages columns).
+
+    The caller has checked that no row is ``KIND_PYTHON`` and that there is one row per
+    record.
+    """
+    kind = parsed.column("kind")
+    data = parsed.drop_columns(["kind"])
+    rows = data.filter(pc.equal(kind, _KIND_ROW))
+    if rows.num_rows:
+        order = pa.array(range(rows.num_rows), pa.int64())
+        firsts = (
+            rows.select(list(_KEY_COLUMNS))
+            .append_column("__i", order)
+            .group_by(list(_KEY_COLUMNS), use_threads=False)
+            .aggregate([("__i", "min")])
+        )
+        if firsts.num_rows < rows.num_rows:
+            rows = rows.take(pc.sort_indices(firsts.column("__i_min")))
+    messages = rows.cast(MESSAGES_SCHEMA)
+    with_user = messages.filter(pc.not_equal(messages.column("user_id"), ""))
+    owners = (
+        with_user.select(list(THREAD_USERS_SCHEMA.names))
+        .group_by(list(THREAD_USERS_SCHEMA.names), use_threads=False)
+        .aggregate([])
+        .select(list(THREAD_USERS_SCHEMA.names))
+        .cast(THREAD_USERS_SCHEMA)
+    )
+    positioned = data.filter(
+        pc.and_(pc.greater_equal(kind, _KIND_POSITION), pc.not_equal(data.column("thread_id"), ""))
+    )
+    positions: dict[str, int] = {}
+    if positioned.num_rows:
+        best = positioned.group_by(["account_id", "agent_id", "thread_id"]).aggregate(
+            [("seq", "max")]
+        )
+        for a, g, t, seq in zip(
+            best.column("account_id").to_pylist(),
+            best.column("agent_id").to_pylist(),
+            best.column("thread_id").to_pylist(),
+            best.column("seq_max").to_pylist(),
+            strict=True,
+        ):
+            positions[ThreadRef(a, g, t).key] = int(seq)
+    return ParsedBatch(messages=messages, owners=owners, positions=positions)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from memstream.errors import InvalidRequest
+from memstream.schemas.events import EVENT_TYPES as _EVENT_TYPES
 
 SqlParam: TypeAlias = str | int | Sequence[str]
 """A bound parameter: String, UInt, or Array(String)."""
@@ -220,3 +221,86 @@ def _quote(s: str) -> str:
 
 def bind_for_text(params: Mapping[str, SqlParam]) -> dict[str, str]:
     return {k: literal(v) for k, v in params.items()}
+
+
+# --- Bulk projection of raw journal records (the projector's fast path) ----------------------
+JOURNAL_BATCH_FORMAT: Final = "JSONEachRow"
+JOURNAL_BATCH_STRUCTURE: Final = (
+    "v Nullable(Int64), type Nullable(String), id Nullable(String), ts Nullable(Int64), "
+    "account_id Nullable(String), agent_id Nullable(String), thread_id Nullable(String), "
+    "data Tuple(account_id Nullable(String), agent_id Nullable(String), "
+    "thread_id Nullable(String), `offset` Nullable(Int64), message_id Nullable(String), "
+    "seq Nullable(Int64), role Nullable(String), content Nullable(String), "
+    "user_id Nullable(String), tool_calls Array(Tuple(id Nullable(String))), "
+    "created_at Nullable(String))"
+)
+"""The envelope fields the projector reads, as ClickHouse parses them (``JSONEachRow``)."""
+JOURNAL_BATCH_SETTINGS: Final = (
+    "input_format_parallel_parsing = 0, input_format_null_as_default = 0, "
+    "input_format_json_read_numbers_as_strings = 0, input_format_json_read_bools_as_numbers = 0, "
+    "input_format_json_read_bools_as_strings = 0, input_format_json_read_objects_as_strings = 0, "
+    "input_format_json_read_arrays_as_strings = 0, input_format_allow_errors_num = 0"
+)
+"""Strict parsing: a value of the wrong JSON type (a string for a number, an object for a
+string, ``null`` for ``data`` or ``tool_calls``) fails the whole parse instead of being
+coerced, so the batch goes to the Python decoder, which names the bad record."""
+
+KIND_OTHER: Final = 0
+"""Not a ``message.appended``: nothing to project."""
+KIND_POSITION: Final = 1
+"""A ``system``/``tool`` message: no row, but its seq is a read-your-writes position."""
+KIND_ROW: Final = 2
+"""A user or assistant message: one row (and a position)."""
+KIND_PYTHON: Final = 3
+"""Anything not in the canonical form the bulk path vouches for: the batch is decoded in
+Python instead (same rules as :func:`memstream.schemas.events.decode` and
+:func:`~memstream.projections.messages.rows.row_of_envelope`)."""
+
+
+def journal_batch_sql(source: str) -> str:
+    """One row per journal record of ``source`` (a table expression the adapter supplies:
+    ``file(...)`` for chdb, an external table for a server, both in
+    :data:`JOURNAL_BATCH_FORMAT` with :data:`JOURNAL_BATCH_STRUCTURE`).
+
+    Columns: ``kind`` (``KIND_*``) then the :data:`~.rows.MESSAGES_SCHEMA` columns. A row is
+    ``KIND_ROW`` only when every check of ``row_of_envelope`` passes on canonical values
+    (``v`` 1, a known type, ids that match the envelope, a non-negative offset and seq, tool
+    call ids present, ``created_at`` as ``YYYY-MM-DDTHH:MM:SS.mmmZ``); whatever the bulk path
+    cannot vouch for is ``KIND_PYTHON``.
+    """
+    types = ", ".join(_quote(t) for t in sorted(_EVENT_TYPES))
+    return f"""SELECT
+    multiIf(
+        NOT (ifNull(v, 0) = 1 AND type IN ({types}) AND id IS NOT NULL AND ts IS NOT NULL
+             AND account_id IS NOT NULL AND agent_id IS NOT NULL), {KIND_PYTHON},
+        type != 'message.appended', {KIND_OTHER},
+        data.role IN ('system', 'tool'),
+            if(ifNull(data.seq, 0) >= 0, {KIND_POSITION}, {KIND_PYTHON}),
+        data.role IN ('user', 'assistant')
+          AND data.account_id IS NOT NULL AND data.account_id = account_id
+          AND data.agent_id IS NOT NULL AND data.agent_id = agent_id
+          AND thread_id IS NOT NULL AND data.thread_id IS NOT NULL
+          AND data.thread_id = thread_id
+          AND data.`offset` IS NOT NULL AND data.`offset` >= 0
+          AND data.message_id IS NOT NULL AND data.content IS NOT NULL
+          AND ifNull(data.seq, 0) >= 0
+          AND arrayAll(c -> c.id IS NOT NULL, data.tool_calls)
+          AND match(ifNull(data.created_at, ''),
+                    '^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}T[0-9]{{2}}:[0-9]{{2}}:[0-9]{{2}}[.][0-9]{{3}}Z$')
+          AND parseDateTime64BestEffortOrNull(data.created_at, 3, 'UTC') IS NOT NULL,
+            {KIND_ROW},
+        {KIND_PYTHON}) AS kind,
+    ifNull(account_id, '') AS account_id,
+    ifNull(agent_id, '') AS agent_id,
+    ifNull(thread_id, '') AS thread_id,
+    toUInt64(greatest(ifNull(data.`offset`, 0), 0)) AS `offset`,
+    ifNull(data.message_id, '') AS message_id,
+    ifNull(data.role, '') AS role,
+    ifNull(data.content, '') AS content,
+    ifNull(data.user_id, '') AS user_id,
+    arrayMap(c -> ifNull(c.id, ''), data.tool_calls) AS tool_call_ids,
+    ifNull(parseDateTime64BestEffortOrNull(data.created_at, 3, 'UTC'),
+           toDateTime64(0, 3, 'UTC')) AS created_at,
+    toUInt64(greatest(ifNull(data.seq, 0), 0)) AS seq
+FROM {source}
+SETTINGS {JOURNAL_BATCH_SETTINGS}"""

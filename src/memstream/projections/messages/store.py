@@ -8,6 +8,9 @@ Guarantees:
 - Writing the same rows twice (a replay, a redelivery) leaves search results unchanged: the
   search query returns one row per (thread, offset) and the tables collapse duplicates on
   merge.
+- :meth:`MessageStore.write_journal_batch` projects raw journal records with ClickHouse's
+  own JSON parser and the same rules and order of writes as :meth:`write`; it writes nothing
+  and returns None when it cannot vouch for every record (the caller then decodes in Python).
 - :meth:`MessageStore.search` returns only the caller's account and agent, only threads the
   caller may see (see :func:`~memstream.projections.messages.sql.search_sql`), at most
   ``spec.limit`` hits ranked by relevance then recency.
@@ -19,14 +22,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import pyarrow.compute as pc
+
+from memstream.errors import PermanentInfraError, RetryableInfraError
 from memstream.projections.messages.engine import ClickHouseEngine
-from memstream.projections.messages.rows import MessageRow, messages_table, thread_users_table
+from memstream.projections.messages.rows import (
+    MessageRow,
+    ParsedBatch,
+    messages_table,
+    split_journal_batch,
+    thread_users_table,
+)
 from memstream.projections.messages.sql import (
     DEFAULT_DATABASE,
+    JOURNAL_BATCH_FORMAT,
+    JOURNAL_BATCH_STRUCTURE,
+    KIND_PYTHON,
     SearchSpec,
     check_database,
     count_sql,
     ddl,
+    journal_batch_sql,
     search_sql,
     thread_visible_sql,
 )
@@ -65,6 +81,39 @@ class MessageStore:
         if owners.num_rows:
             await self.engine.insert_arrow(self.database, "thread_users", owners)
         return await self.engine.insert_arrow(self.database, "messages", messages_table(rows))
+
+    async def write_journal_batch(self, values: Sequence[bytes]) -> ParsedBatch | None:
+        """Project raw journal records (JSON envelopes) in bulk; durable on return.
+
+        ClickHouse parses the batch (:func:`~.sql.journal_batch_sql`), Arrow carries the rows
+        back, and :meth:`write`'s two inserts follow (``thread_users`` first). Returns what
+        was written, or None -- having written nothing -- when the batch does not parse
+        strictly, when any record is not in the canonical form the SQL checks, or when the
+        records do not map one to one onto parsed rows: the caller then takes the Python
+        path, which dead-letters exactly the bad records.
+        """
+        if not values or not all(v[:1] == b"{" and v[-1:] == b"}" for v in values):
+            return None
+        try:
+            parsed = await self.engine.query_input_arrow(
+                journal_batch_sql,
+                b"\n".join(values),
+                JOURNAL_BATCH_FORMAT,
+                JOURNAL_BATCH_STRUCTURE,
+            )
+        except (RetryableInfraError, PermanentInfraError):
+            return None
+        if (
+            parsed.num_rows != len(values)
+            or pc.any(pc.equal(parsed.column("kind"), KIND_PYTHON)).as_py()
+        ):
+            return None
+        batch = split_journal_batch(parsed)
+        if batch.owners.num_rows:
+            await self.engine.insert_arrow(self.database, "thread_users", batch.owners)
+        if batch.messages.num_rows:
+            await self.engine.insert_arrow(self.database, "messages", batch.messages)
+        return batch
 
     async def search(self, spec: SearchSpec) -> list[SearchHit]:
         sql, params = search_sql(self.database, spec)
