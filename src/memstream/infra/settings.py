@@ -87,6 +87,11 @@ class Settings(BaseSettings):
     consumer_session_timeout_s: float = 6.0
     consumer_heartbeat_interval_s: float = 0.5
     read_your_writes_timeout_s: float = 5.0
+    read_your_writes_mark_ttl_s: int = Field(
+        default=7 * 24 * 3600,
+        ge=1,
+        description="Lifetime of an idle key's applied position in Redis (read-your-writes).",
+    )
 
     # --- thread memory (summaries) -----------------------------------------------------------
     summary_token_budget: int = Field(default=512, ge=16, description="Max tokens of a summary.")

@@ -64,7 +64,8 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     svc.health.update({"clickhouse": True, "qdrant": True, "object_store": True})
     from memstream.infra.cli.replay_wiring import attach_replay
 
-    await attach_replay(stack)  # current generations, replay hub, read-your-writes positions
+    # current generations, replay hub, read-your-writes positions (shared through Redis)
+    stoppers.append(await attach_replay(stack))
     return stoppers
 
 

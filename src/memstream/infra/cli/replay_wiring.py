@@ -1,7 +1,8 @@
 """Wiring of replays and read-your-writes into a :class:`~memstream.infra.cli.wiring.Stack`.
 
 - :func:`attach_replay` (after the shared adapters exist): the read-your-writes
-  :class:`Positions`, the :class:`ReplayHub` over the live message store, memory index and
+  :class:`Positions` (shared through Redis, so every process sees what any projector
+  applied; it returns their stopper), the :class:`ReplayHub` over the live message store, memory index and
   Redis counters, and the live stores pointed at the current generations from Postgres.
 - :func:`gated` wraps the processor factories: the two projectors and the counters run
   behind their projection's gate (a replay's hand-over) and the projectors advance the
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from memstream.infra.redis_positions import RedisPositions
 from memstream.projections.positions import Positions
 from memstream.projections.replay import ReplaySink, ReplayStateStore
 from memstream.projections.replay_hub import ReplayHub
@@ -20,7 +22,7 @@ from memstream.projections.replay_sinks import CountersSink, MemorySink, Message
 from memstream.schemas.topics import Topics
 
 if TYPE_CHECKING:
-    from memstream.infra.cli.wiring import Stack
+    from memstream.infra.cli.wiring import Stack, Stopper
     from memstream.streams.processor import Processor
 
 __all__ = ["attach_replay", "gated"]
@@ -33,7 +35,7 @@ PROCESSOR_PROJECTION = {
 }
 
 
-async def attach_replay(stack: Stack) -> None:
+async def attach_replay(stack: Stack) -> Stopper:
     svc = stack.services
     assert svc is not None and stack.pool is not None and stack.redis is not None
     s = stack.settings
@@ -55,7 +57,11 @@ async def attach_replay(stack: Stack) -> None:
     )
     await hub.apply_generations()
     svc.replays = hub
-    svc.positions = svc.positions or Positions()
+    positions = svc.positions or Positions.shared(
+        RedisPositions(stack.redis, ttl_s=s.read_your_writes_mark_ttl_s)
+    )
+    svc.positions = positions
+    return positions.close
 
 
 def gated(
