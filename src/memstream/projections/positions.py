@@ -23,7 +23,7 @@ arrive while a write is in flight are coalesced into the next). A failing store 
 and retried; it never fails or slows a projector batch.
 
 :meth:`Watermarks.wait_for` answers from the in-process mark when it is far enough, else
-asks the shared store, and polls both (5 ms doubling to 50 ms, woken at once by a local
+asks the shared store, and polls both (5 ms doubling to 25 ms, woken at once by a local
 advance) until the deadline. Marks only ever record applied positions, so the shared store
 can be behind (a lost write, a wiped Redis) but never ahead: the worst it does is make a
 read wait and answer ``409 not_ready``.
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_KEYS: Final = 200_000
 POLL_FIRST_S: Final = 0.005
 """First interval between looks at the shared store while waiting (doubles up to the max)."""
-POLL_MAX_S: Final = 0.05
+POLL_MAX_S: Final = 0.025
 SHARED_WRITE_TIMEOUT_S: Final = 2.0
 """A shared-store write slower than this counts as failed (re-queued, retried)."""
 SHARED_RETRY_S: Final = 1.0
