@@ -213,6 +213,39 @@ def message_appended(msg: Message, ts: int) -> Envelope:
     )
 
 
+def message_tenancy(account_id: str, agent_id: str, thread_id: str) -> bytes:
+    """The JSON members a ``message.appended`` envelope takes from its thread
+    (``"account_id":..,"agent_id":..,"thread_id":..``), for :func:`encode_message_appended`."""
+    return orjson.dumps({"account_id": account_id, "agent_id": agent_id, "thread_id": thread_id})[
+        1:-1
+    ]
+
+
+_MA_HEAD: Final = b'{"v":%d,"type":"message.appended","id":' % ENVELOPE_VERSION
+
+
+def encode_message_appended(
+    msg: Message, ts: int, data: bytes, tenancy: bytes | None = None
+) -> bytes:
+    """``encode(message_appended(msg, ts))``, byte for byte, given ``data`` =
+    ``orjson.dumps(msg.to_dict())`` (and optionally ``tenancy`` = :func:`message_tenancy` of
+    the message's thread): the journal serializes each message once for its own record and
+    splices the same bytes into the envelope, without building an ``Envelope``."""
+    if tenancy is None:
+        tenancy = message_tenancy(msg.account_id, msg.agent_id, msg.thread_id)
+    return b"".join(
+        (
+            _MA_HEAD,
+            orjson.dumps("msg:" + msg.message_id),
+            b',"ts":%d,' % ts,
+            tenancy,
+            b',"data":',
+            data,
+            b"}",
+        )
+    )
+
+
 def thread_event(
     typ: Literal["thread.created", "thread.configured", "thread.deleted"],
     account_id: str,

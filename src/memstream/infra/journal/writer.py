@@ -34,7 +34,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from datetime import datetime
+from typing import Literal, cast
 
 import orjson
 from slatedb.uniffi import (
@@ -55,14 +56,15 @@ from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.infra.journal.reads import JournalReads
 from memstream.infra.metrics import Metrics
 from memstream.infra.tokenizer import count_message_tokens
-from memstream.schemas.events import Envelope, encode, message_appended
+from memstream.schemas.events import Envelope, encode, encode_message_appended, message_tenancy
 from memstream.schemas.limits import MAX_MESSAGES_PER_APPEND
-from memstream.schemas.records import ROLES, Message, NewMessage, ThreadRef
+from memstream.schemas.records import ROLES, Message, NewMessage, ThreadRef, message_unchecked
 
 log = logging.getLogger(__name__)
 
 TokenCounter = Callable[[NewMessage], int]
 _JOURNAL_EVENTS = frozenset({"thread.created", "thread.configured", "thread.deleted"})
+_ROLES = frozenset(ROLES)
 _WAL_FLUSH = FlushOptions(flush_type=FlushType.WAL)
 
 
@@ -99,7 +101,19 @@ class _Staged:
     seq: int
     watermark: int
     offsets: dict[ThreadRef, int] = field(default_factory=dict)
+    tools: dict[bytes, ToolCallRecord] = field(default_factory=dict)
     puts: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """A staged batch: its requests, what it makes true, its WriteBatch, and (once written)
+    the task making it durable. ``task`` stays None for a batch with nothing to write."""
+
+    batch: list[_Request]
+    staged: _Staged
+    wb: WriteBatch
+    task: asyncio.Task[None] | None = field(default=None)
 
 
 class _MessageIds:
@@ -150,6 +164,7 @@ class Journal(JournalReads):
         self._watermark = watermark
         self._offsets: OrderedDict[ThreadRef, int] = OrderedDict()
         self._offset_cache_size = offset_cache_size
+        self._refs: dict[ThreadRef, tuple[bytes, bytes]] = {}
         self._ids = _MessageIds()
         self._queue: deque[_Request] = deque()
         self._wakeup = asyncio.Event()
@@ -228,35 +243,37 @@ class Journal(JournalReads):
     async def append(self, ref: ThreadRef, messages: Sequence[NewMessage]) -> list[Message]:
         """Append messages to a thread; returns them with offset, id, seq, created_at and
         token count, once durable. All or none of them are stored."""
-        self._check_open()
-        if not messages:
+        if self._broken is not None or self._closing:
+            self._check_open()
+        n = len(messages)
+        if not n:
             raise InvalidRequest("at least one message is required", field="messages")
-        if len(messages) > MAX_MESSAGES_PER_APPEND:
+        if n > MAX_MESSAGES_PER_APPEND:
             raise InvalidRequest(
                 f"at most {MAX_MESSAGES_PER_APPEND} messages per append", field="messages"
             )
+        count = self._count_tokens
+        tokens: list[int] = []
         for i, m in enumerate(messages):
-            if m.role not in ROLES:
+            if m.role not in _ROLES:
                 raise InvalidRequest(
                     f"role must be one of {', '.join(ROLES)}", field=f"messages[{i}].role"
                 )
             if not isinstance(m.content, str):
                 raise InvalidRequest("content must be a string", field=f"messages[{i}].content")
-        tokens = [self._count_tokens(m) for m in messages]
-        req = _Request(
-            kind="messages",
-            future=asyncio.get_running_loop().create_future(),
-            ref=ref,
-            messages=messages,
-            tokens=tokens,
-            weight=len(messages),
-        )
-        t0 = time.perf_counter()
-        out = await self._submit(req)
-        if self._metrics is not None:
+            tokens.append(count(m))
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request("messages", future, ref, messages, tokens, None, 0, n))
+        self._wakeup.set()
+        # A cancelled caller cancels only its future: the committer skips done futures, and
+        # the request, already queued, is still committed (the caller just never hears).
+        if self._metrics is None:
+            out = await future
+        else:
+            t0 = time.perf_counter()
+            out = await future
             self._metrics.journal_append_latency.observe(time.perf_counter() - t0)
-        assert isinstance(out, list)
-        return out
+        return cast(list[Message], out)
 
     async def append_event(self, env: Envelope) -> int:
         """Put a ``thread.*`` event in the global sequence (the relay publishes it); returns
@@ -288,24 +305,50 @@ class Journal(JournalReads):
         return await req.future
 
     # --- the committer -------------------------------------------------------------------------
+    # Pipelining: while batch k is being made durable (write, WAL flush, durable wait: I/O in
+    # SlateDB's threads), the committer already stages batch k+1 (the Python work: messages,
+    # serialization, puts into its WriteBatch) against k's *staged* state. Batch k+1 is written
+    # only once k is durable, and batches are acknowledged strictly in order, so offsets and
+    # seqs stay dense: if k fails, the writer stops and k+1, never written, fails too.
     async def _run(self) -> None:
+        flight: _Flight | None = None  # written, being made durable
+        ready: _Flight | None = None  # staged on top of ``flight``, not yet written
+        wakeup = self._wakeup
         while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._queue:
-                batch = [self._queue.popleft()]
-                weight = batch[0].weight
-                while self._queue and weight + self._queue[0].weight <= self._max_batch:
-                    req = self._queue.popleft()
-                    weight += req.weight
-                    batch.append(req)
-                try:
-                    await self._commit(batch)
-                except Exception as e:  # a bug, not a store failure: fail the batch loudly
-                    log.exception("journal committer failed")
-                    self._fail_all(batch, JournalUnavailable(f"journal commit failed: {e!r}"))
-            if self._closing:
+            if flight is not None and flight.task is not None and flight.task.done():
+                if self._finish(flight):
+                    self._acknowledge(flight.batch)
+                flight = None
+            if ready is not None and flight is None:
+                if self._broken is not None:
+                    self._fail_all(ready.batch, self._broken)
+                elif not ready.staged.puts:  # nothing to write (e.g. a stale watermark)
+                    self._apply(ready)
+                else:
+                    ready.task = asyncio.create_task(self._make_durable(ready.wb))
+                    ready.task.add_done_callback(self._wake)
+                    flight = ready
+                ready = None
+                continue
+            if ready is None and self._queue:
+                ready = await self._prepare(self._take(), flight)
+                continue
+            if self._closing and flight is None and ready is None and not self._queue:
                 return
+            await wakeup.wait()
+            wakeup.clear()
+
+    def _wake(self, _: object) -> None:
+        self._wakeup.set()
+
+    def _take(self) -> list[_Request]:
+        batch = [self._queue.popleft()]
+        weight = batch[0].weight
+        while self._queue and weight + self._queue[0].weight <= self._max_batch:
+            req = self._queue.popleft()
+            weight += req.weight
+            batch.append(req)
+        return batch
 
     @staticmethod
     def _fail_all(batch: Sequence[_Request], err: JournalError) -> None:
@@ -313,105 +356,102 @@ class Journal(JournalReads):
             if not req.future.done():
                 req.future.set_exception(type(err)(err.message))
 
-    async def _commit(self, batch: list[_Request]) -> None:
+    async def _prepare(self, batch: list[_Request], base: _Flight | None) -> _Flight | None:
+        """Stage ``batch`` on top of ``base`` (the batch in flight, if any). None when the
+        batch already failed (broken writer, or a read while staging failed)."""
         if self._broken is not None:
             self._fail_all(batch, self._broken)
-            return
+            return None
         wb = WriteBatch()
         try:
-            staged = await self._stage(batch, wb)
+            staged = await self._stage(batch, wb, base.staged if base is not None else None)
         except JournalError as e:
             # a read while staging failed: nothing was written, the writer stays usable
             # unless the read told us we are fenced (then ``_broken`` is already set)
             self._fail_all(batch, e)
-            return
-        if staged.puts:
-            try:
-                handle = await self._wdb.write(wb)
-                if self._eager_flush:
-                    await self._wdb.flush_with_options(_WAL_FLUSH)
-                await handle.await_durable()
-            except SLATE_FAILURES as e:
-                err = translate(e, "committing appends")
-                if not isinstance(err, JournalFenced):
-                    err = JournalUnavailable(
-                        f"{err.message}; the writer stopped and must be reopened"
-                    )
-                log.error("journal commit of %d requests failed: %s", len(batch), err.message)
-                self._broken = err
-                self.stats.failed_batches += 1
-                self._fail_all(batch, err)
-                return
+            return None
+        except Exception as e:  # a bug, not a store failure: fail the batch loudly
+            log.exception("journal committer failed")
+            self._fail_all(batch, JournalUnavailable(f"journal commit failed: {e!r}"))
+            return None
+        return _Flight(batch, staged, wb)
+
+    async def _make_durable(self, wb: WriteBatch) -> None:
+        handle = await self._wdb.write(wb)
+        if self._eager_flush:
+            await self._wdb.flush_with_options(_WAL_FLUSH)
+        await handle.await_durable()
+
+    def _finish(self, flight: _Flight) -> bool:
+        """The flight's durable wait ended: commit its state (True; the caller acknowledges
+        its requests), or stop the writer and fail them (False)."""
+        assert flight.task is not None
+        exc = flight.task.exception()
+        if exc is None:
             self.stats.batches += 1
             if self._metrics is not None:
-                self._metrics.journal_batch_size.observe(sum(r.weight for r in batch))
-        # durable: only now does the committed state move forward
+                self._metrics.journal_batch_size.observe(sum(r.weight for r in flight.batch))
+            self._commit_state(flight.staged)
+            return True
+        if isinstance(exc, SLATE_FAILURES):
+            err = translate(exc, "committing appends")
+        else:  # a bug: still, the batch may or may not be stored
+            log.error("journal commit failed", exc_info=exc)
+            err = JournalUnavailable(f"journal commit failed: {exc!r}")
+        if not isinstance(err, JournalFenced):
+            err = JournalUnavailable(f"{err.message}; the writer stopped and must be reopened")
+        log.error("journal commit of %d requests failed: %s", len(flight.batch), err.message)
+        self._broken = err
+        self.stats.failed_batches += 1
+        self._fail_all(flight.batch, err)
+        return False
+
+    def _apply(self, flight: _Flight) -> None:
+        self._commit_state(flight.staged)
+        self._acknowledge(flight.batch)
+
+    def _commit_state(self, staged: _Staged) -> None:
+        """Durable: only now does the committed state move forward."""
         self._seq = staged.seq
         self._watermark = staged.watermark
         for ref, nxt in staged.offsets.items():
             self._remember_offset(ref, nxt)
-        for req in batch:
-            if req.kind == "messages":
-                self.stats.appends += 1
-                self.stats.messages += len(req.messages)
-            elif req.kind == "event":
-                self.stats.events += 1
-            if not req.future.done():
-                req.future.set_result(req.result)
         for callback in self._on_durable:
             callback()
+
+    def _acknowledge(self, batch: Sequence[_Request]) -> None:
+        """Callers of a durable batch hear (after ``_commit_state``)."""
+        stats = self.stats
+        for req in batch:
+            if req.kind == "messages":
+                stats.appends += 1
+                stats.messages += len(req.messages)
+            elif req.kind == "event":
+                stats.events += 1
+            if not req.future.done():
+                req.future.set_result(req.result)
 
     def on_durable(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (synchronously, cheaply) after every durable batch: the relay
         uses it to publish at once instead of waiting for its next poll."""
         self._on_durable.append(callback)
 
-    async def _stage(self, batch: list[_Request], wb: WriteBatch) -> _Staged:
-        """Put every request of the batch into ``wb``; committed state is not touched."""
+    async def _stage(
+        self, batch: list[_Request], wb: WriteBatch, base: _Staged | None = None
+    ) -> _Staged:
+        """Put every request of the batch into ``wb``; committed state is not touched.
+        ``base`` is the staged state of the batch in flight (not durable yet), which this
+        batch follows: its seqs, offsets, watermark and tool-call records."""
         now = self._clock.now()
-        ts = epoch_ms(now)
-        st = _Staged(seq=self._seq, watermark=self._watermark)
-        tools: dict[bytes, ToolCallRecord] = {}
-        block: list[bytes] = []  # envelopes of seqs self._seq+1 .. st.seq, one value
-        next_id = self._ids.next
+        if base is None:
+            st = _Staged(seq=self._seq, watermark=self._watermark)
+        else:
+            st = _Staged(seq=base.seq, watermark=base.watermark)
+        first_seq = st.seq + 1
+        block: list[bytes] = []  # envelopes of seqs first_seq .. st.seq, one value
         for req in batch:
             if req.kind == "messages":
-                assert req.ref is not None
-                ref = req.ref
-                prefix = keys.thread_prefix(ref)
-                base = st.offsets.get(ref)
-                if base is None:
-                    base = await self._offset_of(ref)
-                msgs: list[Message] = []
-                for i, (nm, tok) in enumerate(zip(req.messages, req.tokens, strict=True)):
-                    st.seq += 1
-                    msg = Message(
-                        account_id=ref.account_id,
-                        agent_id=ref.agent_id,
-                        thread_id=ref.thread_id,
-                        offset=base + i,
-                        message_id=next_id(ts),
-                        role=nm.role,
-                        content=nm.content,
-                        created_at=now,
-                        token_count=tok,
-                        seq=st.seq,
-                        reasoning=nm.reasoning,
-                        tool_calls=nm.tool_calls,
-                        tool_call_id=nm.tool_call_id,
-                        user_id=nm.user_id,
-                    )
-                    env = message_appended(msg, ts)
-                    # env.data is msg.to_dict(): the stored and the published message are
-                    # the same bytes' worth of fields, serialized once each
-                    wb.put(prefix + keys.u64(msg.offset), orjson.dumps(env.data))
-                    block.append(encode(env))
-                    st.puts += 1
-                    if msg.tool_calls or msg.tool_call_id:
-                        st.puts += await self._stage_tool_calls(wb, msg, tools)
-                    msgs.append(msg)
-                st.offsets[ref] = base + len(msgs)
-                req.result = msgs
+                await self._stage_messages(req, wb, st, base, now, block)
             elif req.kind == "event":
                 assert req.env is not None
                 st.seq += 1
@@ -422,16 +462,80 @@ class Journal(JournalReads):
                 wb.put(keys.RELAY_WATERMARK, keys.u64(st.watermark))
                 st.puts += 1
         if block:
-            wb.put(keys.seq_key(self._seq + 1), encode_seq_block(block))
+            wb.put(keys.seq_key(first_seq), encode_seq_block(block))
             st.puts += 1
         return st
 
-    async def _offset_of(self, ref: ThreadRef) -> int:
-        nxt = self._offsets.get(ref)
-        if nxt is not None:
-            self._offsets.move_to_end(ref)
-            return nxt
-        return await self.next_offset(ref)
+    async def _stage_messages(
+        self,
+        req: _Request,
+        wb: WriteBatch,
+        st: _Staged,
+        base: _Staged | None,
+        now: datetime,
+        block: list[bytes],
+    ) -> None:
+        """Stage one ``append``: its messages (offsets follow this batch, then the batch in
+        flight, then the committed cache, then the store) and their tool-call records."""
+        assert req.ref is not None
+        ref = req.ref
+        offset = st.offsets.get(ref)
+        if offset is None and base is not None:
+            offset = base.offsets.get(ref)
+        if offset is None:
+            offset = self._offsets.get(ref)  # its recency is refreshed once durable
+        if offset is None:
+            offset = await self.next_offset(ref)
+        prefix, tenancy = self._encoded_ref(ref)
+        account_id, agent_id, thread_id = ref.account_id, ref.agent_id, ref.thread_id
+        ts = epoch_ms(now)
+        next_id = self._ids.next
+        put = wb.put
+        msgs: list[Message] = []
+        for nm, tok in zip(req.messages, req.tokens, strict=True):
+            st.seq += 1
+            msg = message_unchecked(
+                account_id,
+                agent_id,
+                thread_id,
+                offset,
+                next_id(ts),
+                nm.role,
+                nm.content,
+                now,
+                tok,
+                st.seq,
+                nm.reasoning,
+                nm.tool_calls,
+                nm.tool_call_id,
+                nm.user_id,
+            )
+            # the stored message and the published one are the same bytes: serialized once,
+            # spliced into the message.appended envelope of the sequence block
+            data = orjson.dumps(msg.to_dict())
+            put(prefix + keys.u64(offset), data)
+            block.append(encode_message_appended(msg, ts, data, tenancy))
+            st.puts += 1
+            if msg.tool_calls or msg.tool_call_id:
+                prior = base.tools if base is not None else {}
+                st.puts += await self._stage_tool_calls(wb, msg, st.tools, prior)
+            msgs.append(msg)
+            offset += 1
+        st.offsets[ref] = offset
+        req.result = msgs
+
+    def _encoded_ref(self, ref: ThreadRef) -> tuple[bytes, bytes]:
+        """``keys.thread_prefix(ref)`` and the envelope's ``message_tenancy`` of the thread,
+        memoized (bounded: cleared when it grows past the offset cache's size)."""
+        enc = self._refs.get(ref)
+        if enc is None:
+            if len(self._refs) >= self._offset_cache_size:
+                self._refs.clear()
+            enc = self._refs[ref] = (
+                keys.thread_prefix(ref),
+                message_tenancy(ref.account_id, ref.agent_id, ref.thread_id),
+            )
+        return enc
 
     def _remember_offset(self, ref: ThreadRef, nxt: int) -> None:
         self._offsets[ref] = nxt
@@ -440,18 +544,22 @@ class Journal(JournalReads):
             self._offsets.popitem(last=False)
 
     async def _stage_tool_calls(
-        self, wb: WriteBatch, msg: Message, staged: dict[bytes, ToolCallRecord]
+        self,
+        wb: WriteBatch,
+        msg: Message,
+        staged: dict[bytes, ToolCallRecord],
+        prior: dict[bytes, ToolCallRecord],
     ) -> int:
         """Store the payload of each tool call an assistant message makes, and the result a
         ``tool`` message carries. Returns the number of puts added."""
         puts = 0
         for call in msg.tool_calls if msg.role == "assistant" else ():
             key = keys.tool_call_key(msg.account_id, msg.agent_id, call.id)
-            prior = await self._staged_or_stored(key, staged)
+            prior_rec = await self._staged_or_stored(key, staged, prior)
             rec = ToolCallRecord(
                 name=call.name,
                 arguments=call.arguments,
-                result=prior.result if prior else None,
+                result=prior_rec.result if prior_rec else None,
                 thread_id=msg.thread_id,
                 offset=msg.offset,
             )
@@ -460,10 +568,10 @@ class Journal(JournalReads):
             puts += 1
         if msg.role == "tool" and msg.tool_call_id:
             key = keys.tool_call_key(msg.account_id, msg.agent_id, msg.tool_call_id)
-            prior = await self._staged_or_stored(key, staged)
+            prior_rec = await self._staged_or_stored(key, staged, prior)
             rec = (
-                replace(prior, result=msg.content)
-                if prior
+                replace(prior_rec, result=msg.content)
+                if prior_rec
                 else ToolCallRecord(
                     name=None, result=msg.content, thread_id=msg.thread_id, offset=msg.offset
                 )
@@ -474,10 +582,13 @@ class Journal(JournalReads):
         return puts
 
     async def _staged_or_stored(
-        self, key: bytes, staged: dict[bytes, ToolCallRecord]
+        self, key: bytes, staged: dict[bytes, ToolCallRecord], prior: dict[bytes, ToolCallRecord]
     ) -> ToolCallRecord | None:
+        """The record as this batch, else the batch in flight, else the store has it."""
         if key in staged:
             return staged[key]
+        if key in prior:
+            return prior[key]
         account, agent, call_id = keys.decode_tool_call_key(key)
         return await self.tool_call(account, agent, call_id)
 
