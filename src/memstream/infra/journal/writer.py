@@ -79,6 +79,8 @@ class JournalStats:
     messages: int = 0
     events: int = 0
     failed_batches: int = 0
+    pipelined: int = 0
+    """Batches staged while the batch before them was still being made durable."""
 
 
 @dataclass(slots=True, eq=False)
@@ -102,7 +104,20 @@ class _Staged:
     watermark: int
     offsets: dict[ThreadRef, int] = field(default_factory=dict)
     tools: dict[bytes, ToolCallRecord] = field(default_factory=dict)
+    prior_tools: dict[bytes, ToolCallRecord] = field(default_factory=dict)
+    """the tool-call records of the batch in flight when this one was staged"""
     puts: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Cursor:
+    """One thread within a batch being staged: its encoded key prefix and envelope tenancy,
+    and the offset its next message gets."""
+
+    ref: ThreadRef
+    prefix: bytes
+    tenancy: bytes
+    next_offset: int
 
 
 @dataclass(slots=True, eq=False)
@@ -331,6 +346,8 @@ class Journal(JournalReads):
                 ready = None
                 continue
             if ready is None and self._queue:
+                if flight is not None:
+                    self.stats.pipelined += 1
                 ready = await self._prepare(self._take(), flight)
                 continue
             if self._closing and flight is None and ready is None and not self._queue:
@@ -446,12 +463,18 @@ class Journal(JournalReads):
         if base is None:
             st = _Staged(seq=self._seq, watermark=self._watermark)
         else:
-            st = _Staged(seq=base.seq, watermark=base.watermark)
+            st = _Staged(seq=base.seq, watermark=base.watermark, prior_tools=base.tools)
         first_seq = st.seq + 1
+        ts = epoch_ms(now)
         block: list[bytes] = []  # envelopes of seqs first_seq .. st.seq, one value
+        cursors: dict[ThreadRef, _Cursor] = {}
         for req in batch:
             if req.kind == "messages":
-                await self._stage_messages(req, wb, st, base, now, block)
+                assert req.ref is not None
+                cursor = cursors.get(req.ref)
+                if cursor is None:
+                    cursor = cursors[req.ref] = await self._cursor(req.ref, base)
+                await self._stage_messages(req, wb, st, cursor, now, ts, block)
             elif req.kind == "event":
                 assert req.env is not None
                 st.seq += 1
@@ -464,31 +487,36 @@ class Journal(JournalReads):
         if block:
             wb.put(keys.seq_key(first_seq), encode_seq_block(block))
             st.puts += 1
+        st.offsets = {ref: c.next_offset for ref, c in cursors.items()}
         return st
+
+    async def _cursor(self, ref: ThreadRef, base: _Staged | None) -> _Cursor:
+        """Where the thread's next message goes: after the batch in flight, else the
+        committed cache, else the store (a descending scan, first touch only)."""
+        offset = base.offsets.get(ref) if base is not None else None
+        if offset is None:
+            offset = self._offsets.get(ref)  # its recency is refreshed once durable
+        if offset is None:
+            offset = await self.next_offset(ref)
+        prefix, tenancy = self._encoded_ref(ref)
+        return _Cursor(ref, prefix, tenancy, offset)
 
     async def _stage_messages(
         self,
         req: _Request,
         wb: WriteBatch,
         st: _Staged,
-        base: _Staged | None,
+        cursor: _Cursor,
         now: datetime,
+        ts: int,
         block: list[bytes],
     ) -> None:
-        """Stage one ``append``: its messages (offsets follow this batch, then the batch in
-        flight, then the committed cache, then the store) and their tool-call records."""
-        assert req.ref is not None
-        ref = req.ref
-        offset = st.offsets.get(ref)
-        if offset is None and base is not None:
-            offset = base.offsets.get(ref)
-        if offset is None:
-            offset = self._offsets.get(ref)  # its recency is refreshed once durable
-        if offset is None:
-            offset = await self.next_offset(ref)
-        prefix, tenancy = self._encoded_ref(ref)
+        """Stage one ``append``: its messages, at the thread cursor's offsets, and their
+        tool-call records (seen through this batch, then the batch in flight, then the store)."""
+        ref = cursor.ref
+        prefix, tenancy = cursor.prefix, cursor.tenancy
         account_id, agent_id, thread_id = ref.account_id, ref.agent_id, ref.thread_id
-        ts = epoch_ms(now)
+        offset = cursor.next_offset
         next_id = self._ids.next
         put = wb.put
         msgs: list[Message] = []
@@ -517,11 +545,10 @@ class Journal(JournalReads):
             block.append(encode_message_appended(msg, ts, data, tenancy))
             st.puts += 1
             if msg.tool_calls or msg.tool_call_id:
-                prior = base.tools if base is not None else {}
-                st.puts += await self._stage_tool_calls(wb, msg, st.tools, prior)
+                st.puts += await self._stage_tool_calls(wb, msg, st.tools, st.prior_tools)
             msgs.append(msg)
             offset += 1
-        st.offsets[ref] = offset
+        cursor.next_offset = offset
         req.result = msgs
 
     def _encoded_ref(self, ref: ThreadRef) -> tuple[bytes, bytes]:
