@@ -216,7 +216,7 @@ async def bench_size(
     name = index.collection(acct)
     now = datetime.now(UTC)
 
-    svc, idx, raw, raw_q, fetch, mark = [], [], [], [], [], []
+    svc, idx, raw, raw_q, fetch, mark, mark_locking = [], [], [], [], [], [], []
     sources = set()
     for r in range(reps):
         q = QUERIES[r % len(QUERIES)]
@@ -262,6 +262,11 @@ async def bench_size(
         t0 = time.perf_counter()
         await service._mark_recalled(caller, [e for e, _ in top], now, fetched)  # noqa: SLF001
         mark.append(time.perf_counter() - t0)
+        # the same bump through the locking transaction (the path before the one-statement
+        # write; now only for rows changed since the fetch)
+        t0 = time.perf_counter()
+        await service._mark_recalled(caller, [e for e, _ in top], now)  # noqa: SLF001
+        mark_locking.append(time.perf_counter() - t0)
     for label, xs in (
         ("service recall", svc),
         ("index query", idx),
@@ -269,6 +274,7 @@ async def bench_size(
         ("raw: edge query + pg fetch", raw),
         ("service: pg fetch (phase 2)", fetch),
         ("service: counters+outbox write", mark),
+        ("  same, locking transaction", mark_locking),
     ):
         print(f"{label:30s} p50={pct(xs, 50):7.2f} ms  p99={pct(xs, 99):7.2f} ms")
     print(
