@@ -7,8 +7,11 @@ server (through clickhouse-connect) bind; the adapters differ only in how they p
 Tables (database configurable, ``memstream`` by default):
 
 - ``messages``: user and assistant text, ``ReplacingMergeTree(seq)`` ordered by
-  ``(account_id, agent_id, thread_id, offset)`` and partitioned by month of ``created_at``
-  (ARCHITECTURE.md), with a ``text`` index on ``content`` (``splitByNonAlpha`` tokens,
+  ``(account_id, agent_id, thread_id, offset)`` (ARCHITECTURE.md) and partitioned by *year*
+  of ``created_at`` (not month: every search pays a fixed text-index and primary-key cost per
+  part, and monthly partitions multiplied the parts; see docs/transcript-search.md), with
+  ``account_id``/``agent_id`` as ``LowCardinality`` (the tenancy filter compares
+  dictionary codes), and a ``text`` index on ``content`` (``splitByNonAlpha`` tokens,
   ``lowerUTF8`` preprocessor). A replayed message has the same key, partition and content as
   the first copy, so duplicates collapse on merge and the search query dedupes before merge.
 - ``thread_users``: the set of users who wrote in each thread, ``ReplacingMergeTree`` on
@@ -67,8 +70,8 @@ def ddl(database: str) -> list[str]:
     return [
         f"CREATE DATABASE IF NOT EXISTS {db}",
         f"""CREATE TABLE IF NOT EXISTS {db}.messages (
-    account_id String,
-    agent_id String,
+    account_id LowCardinality(String),
+    agent_id LowCardinality(String),
     thread_id String,
     `offset` UInt64,
     message_id String,
@@ -81,7 +84,7 @@ def ddl(database: str) -> list[str]:
     INDEX content_tokens content
         TYPE text(tokenizer = splitByNonAlpha, preprocessor = lowerUTF8(content))
 ) ENGINE = ReplacingMergeTree(seq)
-PARTITION BY toYYYYMM(created_at)
+PARTITION BY toYear(created_at)
 ORDER BY (account_id, agent_id, thread_id, `offset`)
 SETTINGS index_granularity = {MESSAGES_GRANULARITY}""",
         f"""CREATE TABLE IF NOT EXISTS {db}.thread_users (
@@ -139,21 +142,21 @@ def search_sql(database: str, spec: SearchSpec) -> tuple[str, dict[str, SqlParam
     """
     db = check_database(database)
     thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
-    sql = f"""SELECT thread_id, message_id, `offset`, role, content, created_ms,
+    sql = f"""SELECT thread_id, message_id, `offset`, role, content,
+       toUnixTimestamp64Milli(created_at) AS created_ms,
        (positionUTF8(lowerUTF8(content), {{phrase:String}}) > 0)
          + arrayCount(t -> has({{words:Array(String)}}, t),
                       tokens(lowerUTF8(content), 'splitByNonAlpha'))
            / sqrt(greatest(length(tokens(lowerUTF8(content), 'splitByNonAlpha')), 1))
          AS relevance
 FROM (
-    SELECT thread_id, message_id, `offset`, role, content,
-           toUnixTimestamp64Milli(created_at) AS created_ms
+    SELECT thread_id, message_id, `offset`, role, content, created_at
     FROM {db}.messages
     WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
       {thread_filter}
       AND hasAllTokens(content, {{words:Array(String)}})
       AND {_visible_threads_filter(db, spec.thread_id is not None)}
-    ORDER BY created_ms DESC, `offset` DESC
+    ORDER BY created_at DESC, `offset` DESC
     LIMIT {{window:UInt32}}
 )
 ORDER BY relevance DESC, created_ms DESC, `offset` DESC, thread_id
