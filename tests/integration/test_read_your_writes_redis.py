@@ -5,7 +5,7 @@ their own :class:`Positions`; here they are two instances over one Redis, the AP
 advanced locally, so every ``after`` it honours came through Redis.
 
 - a position applied by the worker lets the API's wait return, also when applied while the
-  API is already waiting;
+  API is already waiting, also when the worker is another OS process;
 - marks never move backwards, whatever order writers (or redelivered batches) arrive in;
 - a wiped Redis makes the API wait and answer ``not_ready``, never early; the next batch
   re-publishes;
@@ -15,6 +15,7 @@ advanced locally, so every ``after`` it honours came through Redis.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -75,6 +76,37 @@ async def test_a_wait_returns_when_the_worker_applies_meanwhile(
     waited = asyncio.get_running_loop().time() - started
     await task
     assert 0.1 < waited < 1.0  # answered by polling Redis, well before the timeout
+
+
+WORKER_SCRIPT = """
+import asyncio, sys
+import redis.asyncio as aioredis
+from memstream.infra.redis_positions import RedisPositions
+from memstream.projections.positions import Positions
+
+async def main() -> None:
+    r = aioredis.from_url(sys.argv[1])
+    worker = Positions.shared(RedisPositions(r))
+    worker.messages.advance(sys.argv[2], int(sys.argv[3]))
+    await worker.flush()
+    await r.aclose()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_worker_in_another_process(
+    two_processes: tuple[Positions, Positions], redis_client: aioredis.Redis
+) -> None:
+    _, api = two_processes
+    kw = redis_client.connection_pool.connection_kwargs
+    url = f"redis://{kw['host']}:{kw['port']}/{kw['db']}"
+    waiting = asyncio.create_task(api.messages.wait_for(THREAD, 77, timeout=30.0))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WORKER_SCRIPT, url, THREAD, "77"
+    )
+    assert await proc.wait() == 0
+    assert await asyncio.wait_for(waiting, 5.0) == 77
 
 
 async def test_marks_never_move_backwards(
