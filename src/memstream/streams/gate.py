@@ -6,7 +6,8 @@ after each successful batch reports what was applied to a recorder, which advanc
 read-your-writes :class:`~memstream.projections.positions.Watermarks`:
 
 - :func:`record_messages`: the journal seq of each ``message.appended``, per thread;
-- :func:`record_memory`: the entry version of each ``memory.*`` event, per agent.
+- :func:`record_memory`: the entry version of each ``memory.*`` event but
+  ``memory.recalled``, per agent.
 
 A batch that fails is not recorded; its records are retried or dead-lettered by the
 runtime (a dead-lettered record never advances a watermark; later ones do).
@@ -97,7 +98,10 @@ def record_memory(marks: Watermarks) -> Recorder:
         best: dict[str, int] = {}
         for it in items:
             env = it.envelope
-            if not env.type.startswith("memory."):
+            # a recall's counter bump changes nothing in the index and nobody waits on its
+            # version; it is not serialised with stores, so counting it could lift the mark
+            # past a store committing just after it
+            if not env.type.startswith("memory.") or env.type == "memory.recalled":
                 continue
             entry = env.data.get("entry")
             version = entry.get("version") if isinstance(entry, dict) else None
