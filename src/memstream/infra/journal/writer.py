@@ -9,6 +9,9 @@ Guarantees:
   being made durable queue up and are committed together: one ``WriteBatch``, one WAL flush,
   one durable wait for all of them (``stats.batches`` counts them). All messages of one
   ``append`` call are in one batch, so they become durable together or not at all.
+- **Pipelining.** While batch k is being made durable, batch k+1 is staged on top of k's
+  staged state (``stats.pipelined`` counts such batches); k+1 is written only once k is
+  durable, batches are acknowledged in order, and if k fails, k+1 fails with it.
 - **Offsets.** Per thread, dense and monotonic from 0, assigned by the committer alone, so
   concurrency can neither duplicate nor skip one. A thread's next offset is recovered from
   its last stored key (a descending scan) the first time the writer touches it, so it
@@ -333,6 +336,7 @@ class Journal(JournalReads):
             if flight is not None and flight.task is not None and flight.task.done():
                 if self._finish(flight):
                     self._acknowledge(flight.batch)
+                    self._notify_durable()
                 flight = None
             if ready is not None and flight is None:
                 if self._broken is not None:
@@ -403,7 +407,11 @@ class Journal(JournalReads):
         """The flight's durable wait ended: commit its state (True; the caller acknowledges
         its requests), or stop the writer and fail them (False)."""
         assert flight.task is not None
-        exc = flight.task.exception()
+        exc: BaseException | None
+        if flight.task.cancelled():
+            exc = RuntimeError("the durable wait was cancelled")
+        else:
+            exc = flight.task.exception()
         if exc is None:
             self.stats.batches += 1
             if self._metrics is not None:
@@ -426,6 +434,7 @@ class Journal(JournalReads):
     def _apply(self, flight: _Flight) -> None:
         self._commit_state(flight.staged)
         self._acknowledge(flight.batch)
+        self._notify_durable()
 
     def _commit_state(self, staged: _Staged) -> None:
         """Durable: only now does the committed state move forward."""
@@ -433,8 +442,13 @@ class Journal(JournalReads):
         self._watermark = staged.watermark
         for ref, nxt in staged.offsets.items():
             self._remember_offset(ref, nxt)
+
+    def _notify_durable(self) -> None:
         for callback in self._on_durable:
-            callback()
+            try:
+                callback()
+            except Exception:  # a listener's bug must not stop the committer
+                log.exception("journal on_durable callback failed")
 
     def _acknowledge(self, batch: Sequence[_Request]) -> None:
         """Callers of a durable batch hear (after ``_commit_state``)."""
@@ -474,7 +488,8 @@ class Journal(JournalReads):
                 cursor = cursors.get(req.ref)
                 if cursor is None:
                     cursor = cursors[req.ref] = await self._cursor(req.ref, base)
-                await self._stage_messages(req, wb, st, cursor, now, ts, block)
+                for msg in self._stage_messages(req, wb, st, cursor, now, ts, block):
+                    st.puts += await self._stage_tool_calls(wb, msg, st.tools, st.prior_tools)
             elif req.kind == "event":
                 assert req.env is not None
                 st.seq += 1
@@ -501,7 +516,7 @@ class Journal(JournalReads):
         prefix, tenancy = self._encoded_ref(ref)
         return _Cursor(ref, prefix, tenancy, offset)
 
-    async def _stage_messages(
+    def _stage_messages(
         self,
         req: _Request,
         wb: WriteBatch,
@@ -510,9 +525,10 @@ class Journal(JournalReads):
         now: datetime,
         ts: int,
         block: list[bytes],
-    ) -> None:
-        """Stage one ``append``: its messages, at the thread cursor's offsets, and their
-        tool-call records (seen through this batch, then the batch in flight, then the store)."""
+    ) -> list[Message]:
+        """Stage one ``append``'s messages at the thread cursor's offsets. Returns those that
+        carry tool calls or a tool result: the caller stages their tool-call records next
+        (seen through this batch, then the batch in flight, then the store)."""
         ref = cursor.ref
         prefix, tenancy = cursor.prefix, cursor.tenancy
         account_id, agent_id, thread_id = ref.account_id, ref.agent_id, ref.thread_id
@@ -520,6 +536,7 @@ class Journal(JournalReads):
         next_id = self._ids.next
         put = wb.put
         msgs: list[Message] = []
+        tooling: list[Message] = []
         for nm, tok in zip(req.messages, req.tokens, strict=True):
             st.seq += 1
             msg = message_unchecked(
@@ -545,11 +562,12 @@ class Journal(JournalReads):
             block.append(encode_message_appended(msg, ts, data, tenancy))
             st.puts += 1
             if msg.tool_calls or msg.tool_call_id:
-                st.puts += await self._stage_tool_calls(wb, msg, st.tools, st.prior_tools)
+                tooling.append(msg)
             msgs.append(msg)
             offset += 1
         cursor.next_offset = offset
         req.result = msgs
+        return tooling
 
     def _encoded_ref(self, ref: ThreadRef) -> tuple[bytes, bytes]:
         """``keys.thread_prefix(ref)`` and the envelope's ``message_tenancy`` of the thread,
