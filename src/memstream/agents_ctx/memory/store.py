@@ -24,6 +24,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -267,12 +268,14 @@ class MemoryService:
         hits = await self._index_hits(caller, query, n * INDEX_OVERFETCH, cat, now)
         source: Literal["index", "fallback"] = "index"
         fetched: dict[tuple[str, str], _Fetched] = {}
-        scored = await self._fetch_hits(caller, hits, cat, now, fetched) if hits else []
-        if not scored:
-            source = "fallback"
-            scored = await self._keyword(caller, query, n * INDEX_OVERFETCH, cat, now)
-        top = ranking.rank(scored, n)
-        touched = await self._mark_recalled(caller, [e for e, _ in top], now, fetched)
+        # one connection for the reads and the bump: the pool's reset query runs once
+        async with self._pool.acquire() as conn:
+            scored = await self._fetch_hits(caller, hits, cat, now, fetched, conn) if hits else []
+            if not scored:
+                source = "fallback"
+                scored = await self._keyword(caller, query, n * INDEX_OVERFETCH, cat, now, conn)
+            top = ranking.rank(scored, n)
+            touched = await self._mark_recalled(caller, [e for e, _ in top], now, fetched, conn)
         if self._metrics is not None:
             self._metrics.recall_latency.labels(source=source).observe(
                 time.perf_counter() - started
@@ -304,13 +307,14 @@ class MemoryService:
         cat: Category | None,
         now: datetime,
         fetched: dict[tuple[str, str], _Fetched] | None = None,
+        conn: asyncpg.Connection | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
         """Phase 2: the authoritative rows for the index's candidates, filtered again
         (``fetched`` receives where each row was, for :meth:`_mark_recalled`)."""
         score: dict[tuple[str, str], float] = {}
         for ref, s in hits:
             score[ref] = max(s, score.get(ref, s))
-        rows = await self._pool.fetch(
+        rows = await (conn or self._pool).fetch(
             _FETCH_BY_REFS,
             caller.account_id,
             caller.agent_id,
@@ -329,12 +333,18 @@ class MemoryService:
         return out
 
     async def _keyword(
-        self, caller: Caller, query: str, limit: int, cat: Category | None, now: datetime
+        self,
+        caller: Caller,
+        query: str,
+        limit: int,
+        cat: Category | None,
+        now: datetime,
+        conn: asyncpg.Connection | None = None,
     ) -> list[tuple[MemoryEntry, float]]:
         q = keyword_query(query)
         if not q:
             return []
-        rows = await self._pool.fetch(
+        rows = await (conn or self._pool).fetch(
             f"SELECT {ENTRY_COLUMNS}, ts_rank(search, tq) AS score "
             "FROM memory_entries, to_tsquery('english', $6) AS tq "
             f"WHERE {_VISIBLE} AND ($5::text IS NULL OR category = $5) AND search @@ tq "
@@ -355,6 +365,7 @@ class MemoryService:
         entries: list[MemoryEntry],
         now: datetime,
         fetched: dict[tuple[str, str], _Fetched] | None = None,
+        conn: asyncpg.Connection | None = None,
     ) -> dict[tuple[str, str], MemoryEntry]:
         """Bump the recall counters of ``entries`` (with one ``memory.recalled`` event
         each); returns the rows as written. Rows unchanged since ``fetched`` take the
@@ -365,11 +376,11 @@ class MemoryService:
             fast = [e for e in entries if (e.owner, e.key) in fetched]
             rest = [e for e in entries if (e.owner, e.key) not in fetched]
             if fast:
-                done = await self._bump_unchanged(caller, fast, now, fetched)
+                done = await self._bump_unchanged(caller, fast, now, fetched, conn)
                 touched.update(done)
                 rest += [e for e in fast if (e.owner, e.key) not in done]
         if rest:
-            touched.update(await self._bump_locking(caller, rest, now))
+            touched.update(await self._bump_locking(caller, rest, now, conn))
         return touched
 
     async def _bump_unchanged(
@@ -378,6 +389,7 @@ class MemoryService:
         entries: list[MemoryEntry],
         now: datetime,
         fetched: dict[tuple[str, str], _Fetched],
+        conn: asyncpg.Connection | None = None,
     ) -> dict[tuple[str, str], MemoryEntry]:
         ts = epoch_ms(now)
         after = [
@@ -389,7 +401,7 @@ class MemoryService:
             for e in entries
         ]
         envs = [memory_event("memory.recalled", e, ts) for e in after]
-        rows = await self._pool.fetch(
+        rows = await (conn or self._pool).fetch(
             _BUMP_UNCHANGED,
             [fetched[(e.owner, e.key)].tid for e in entries],
             [e.version for e in entries],
@@ -405,10 +417,18 @@ class MemoryService:
         return {(e.owner, e.key): e for e in after if (e.owner, e.key) in done}
 
     async def _bump_locking(
-        self, caller: Caller, entries: list[MemoryEntry], now: datetime
+        self,
+        caller: Caller,
+        entries: list[MemoryEntry],
+        now: datetime,
+        conn: asyncpg.Connection | None = None,
     ) -> dict[tuple[str, str], MemoryEntry]:
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
+        async with contextlib.AsyncExitStack() as stack:
+            c: asyncpg.Connection = (
+                conn if conn is not None else await stack.enter_async_context(self._pool.acquire())
+            )
+            await stack.enter_async_context(c.transaction())
+            rows = await c.fetch(
                 f"UPDATE memory_entries SET recall_count = recall_count + 1, "
                 f"last_recalled_at = $3, version = {NEXT_VERSION} "
                 "WHERE account_id = $1 AND agent_id = $2 "
@@ -421,7 +441,7 @@ class MemoryService:
                 [e.key for e in entries],
             )
             touched = [entry_of_row(r) for r in rows]
-            await append_events(conn, "memory.recalled", touched, now)
+            await append_events(c, "memory.recalled", touched, now)
         return {(e.owner, e.key): e for e in touched}
 
     # --- read side ------------------------------------------------------------------------
