@@ -1,7 +1,8 @@
 """The codec's fast paths behave exactly like the checked readers: for valid and for
 damaged input (fields missing, mistyped, booleans for integers, naive times, unknown
 fields), ``decode`` / ``Message.from_dict`` / ``MemoryEntry.from_dict`` return an equal
-object or raise the same error naming the same field as the reference path."""
+object or raise the same error naming the same field as the reference path; the journal's
+spliced ``message.appended`` encoding is byte-identical to ``encode(message_appended(...))``."""
 
 from __future__ import annotations
 
@@ -144,3 +145,37 @@ def test_naive_and_cached_times_are_utc() -> None:
     with pytest.raises(InvalidRequest) as info:
         Message.from_dict(dict(MESSAGE, created_at="yesterday"))
     assert info.value.field == "created_at"
+
+
+@settings(max_examples=100)
+@given(
+    account=st.text(max_size=12),
+    agent=st.text(max_size=12),
+    thread=st.text(max_size=12),
+    message_id=st.text(max_size=12),
+    content=st.text(max_size=50),
+    ts=st.integers(0, 2**53),
+)
+def test_spliced_message_appended_is_byte_identical(
+    account: str, agent: str, thread: str, message_id: str, content: str, ts: int
+) -> None:
+    msg = records.message_unchecked(
+        account, agent, thread, 1, message_id, "user", content, NOW, 3, 2, None, (), None, None
+    )
+    expected = events.encode(events.message_appended(msg, ts))
+    data = orjson.dumps(msg.to_dict())
+    assert events.encode_message_appended(msg, ts, data) == expected
+    tenancy = events.message_tenancy(account, agent, thread)
+    assert events.encode_message_appended(msg, ts, data, tenancy) == expected
+    assert msg == Message(
+        account_id=account,
+        agent_id=agent,
+        thread_id=thread,
+        offset=1,
+        message_id=message_id,
+        role="user",
+        content=content,
+        created_at=NOW,
+        token_count=3,
+        seq=2,
+    )
