@@ -106,10 +106,16 @@ class _Staged:
     seq: int
     watermark: int
     offsets: dict[ThreadRef, int] = field(default_factory=dict)
+    """each thread's next offset once durable (filled when the batch is sealed)"""
     tools: dict[bytes, ToolCallRecord] = field(default_factory=dict)
+    prior_offsets: dict[ThreadRef, int] = field(default_factory=dict)
     prior_tools: dict[bytes, ToolCallRecord] = field(default_factory=dict)
-    """the tool-call records of the batch in flight when this one was staged"""
+    """the offsets and tool-call records of the batch in flight when this one was started"""
     puts: int = 0
+    first_seq: int = 0
+    block: list[bytes] = field(default_factory=list)
+    """envelopes of seqs first_seq .. seq, written as one value when sealed"""
+    cursors: dict[ThreadRef, _Cursor] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -131,6 +137,7 @@ class _Flight:
     batch: list[_Request]
     staged: _Staged
     wb: WriteBatch
+    weight: int = 0
     task: asyncio.Task[None] | None = field(default=None)
 
 
@@ -339,6 +346,7 @@ class Journal(JournalReads):
                     self._notify_durable()
                 flight = None
             if ready is not None and flight is None:
+                self._seal(ready)
                 if self._broken is not None:
                     self._fail_all(ready.batch, self._broken)
                 elif not ready.staged.puts:  # nothing to write (e.g. a stale watermark)
@@ -349,11 +357,20 @@ class Journal(JournalReads):
                     flight = ready
                 ready = None
                 continue
-            if ready is None and self._queue:
-                if flight is not None:
-                    self.stats.pipelined += 1
-                ready = await self._prepare(self._take(), flight)
-                continue
+            if self._queue and (ready is None or ready.weight < self._max_batch):
+                # start the next batch, or keep adding to it while the one before is in
+                # flight: arrivals during a flight still share one batch, and its Python
+                # work is done while SlateDB does the I/O
+                if ready is None:
+                    if flight is not None:
+                        self.stats.pipelined += 1
+                    base = flight.staged if flight is not None else None
+                    ready = _Flight([], self._new_staged(base), WriteBatch())
+                batch = self._take(self._max_batch - ready.weight, first=not ready.batch)
+                if batch:
+                    if not await self._stage_into(ready, batch):
+                        ready = None
+                    continue
             if self._closing and flight is None and ready is None and not self._queue:
                 return
             await wakeup.wait()
@@ -362,11 +379,17 @@ class Journal(JournalReads):
     def _wake(self, _: object) -> None:
         self._wakeup.set()
 
-    def _take(self) -> list[_Request]:
-        batch = [self._queue.popleft()]
-        weight = batch[0].weight
-        while self._queue and weight + self._queue[0].weight <= self._max_batch:
-            req = self._queue.popleft()
+    def _take(self, room: int, *, first: bool) -> list[_Request]:
+        """Queued requests that fit in ``room`` messages; with ``first``, at least one (a
+        request heavier than the batch limit is a batch of its own)."""
+        queue = self._queue
+        batch: list[_Request] = []
+        weight = 0
+        if first:
+            batch.append(queue.popleft())
+            weight = batch[0].weight
+        while queue and weight + queue[0].weight <= room:
+            req = queue.popleft()
             weight += req.weight
             batch.append(req)
         return batch
@@ -377,25 +400,51 @@ class Journal(JournalReads):
             if not req.future.done():
                 req.future.set_exception(type(err)(err.message))
 
-    async def _prepare(self, batch: list[_Request], base: _Flight | None) -> _Flight | None:
-        """Stage ``batch`` on top of ``base`` (the batch in flight, if any). None when the
-        batch already failed (broken writer, or a read while staging failed)."""
+    async def _stage_into(self, ready: _Flight, batch: list[_Request]) -> bool:
+        """Add ``batch`` to the batch being prepared. False when that failed: a read while
+        staging failed (or a bug), so the whole prepared batch, never written, fails with it
+        and is dropped; the writer stays usable unless the read said it was fenced."""
         if self._broken is not None:
             self._fail_all(batch, self._broken)
-            return None
-        wb = WriteBatch()
+            return True
         try:
-            staged = await self._stage(batch, wb, base.staged if base is not None else None)
+            await self._stage(batch, ready.wb, ready.staged)
         except JournalError as e:
-            # a read while staging failed: nothing was written, the writer stays usable
-            # unless the read told us we are fenced (then ``_broken`` is already set)
-            self._fail_all(batch, e)
-            return None
+            self._fail_all(ready.batch + batch, e)
+            return False
         except Exception as e:  # a bug, not a store failure: fail the batch loudly
             log.exception("journal committer failed")
-            self._fail_all(batch, JournalUnavailable(f"journal commit failed: {e!r}"))
-            return None
-        return _Flight(batch, staged, wb)
+            err = JournalUnavailable(f"journal commit failed: {e!r}")
+            self._fail_all(ready.batch + batch, err)
+            return False
+        ready.batch.extend(batch)
+        ready.weight += sum(r.weight for r in batch)
+        return True
+
+    def _new_staged(self, base: _Staged | None) -> _Staged:
+        """The state a new batch starts from: the batch in flight's, else the committed one."""
+        if base is None:
+            st = _Staged(seq=self._seq, watermark=self._watermark)
+        else:
+            st = _Staged(
+                seq=base.seq,
+                watermark=base.watermark,
+                prior_offsets=base.offsets,
+                prior_tools=base.tools,
+            )
+        st.first_seq = st.seq + 1
+        return st
+
+    @staticmethod
+    def _seal(ready: _Flight) -> None:
+        """Close a prepared batch: its sequence block goes in, its offsets are final."""
+        st = ready.staged
+        if st.block:
+            ready.wb.put(keys.seq_key(st.first_seq), encode_seq_block(st.block))
+            st.puts += 1
+            st.block = []
+        st.offsets = {ref: c.next_offset for ref, c in st.cursors.items()}
+        st.cursors = {}
 
     async def _make_durable(self, wb: WriteBatch) -> None:
         handle = await self._wdb.write(wb)
@@ -467,27 +516,20 @@ class Journal(JournalReads):
         uses it to publish at once instead of waiting for its next poll."""
         self._on_durable.append(callback)
 
-    async def _stage(
-        self, batch: list[_Request], wb: WriteBatch, base: _Staged | None = None
-    ) -> _Staged:
-        """Put every request of the batch into ``wb``; committed state is not touched.
-        ``base`` is the staged state of the batch in flight (not durable yet), which this
-        batch follows: its seqs, offsets, watermark and tool-call records."""
+    async def _stage(self, batch: list[_Request], wb: WriteBatch, st: _Staged) -> None:
+        """Put every request of ``batch`` into ``wb``, continuing ``st`` (the batch being
+        prepared: its seqs, thread cursors, tool-call records, sequence block). Committed
+        state is not touched."""
         now = self._clock.now()
-        if base is None:
-            st = _Staged(seq=self._seq, watermark=self._watermark)
-        else:
-            st = _Staged(seq=base.seq, watermark=base.watermark, prior_tools=base.tools)
-        first_seq = st.seq + 1
         ts = epoch_ms(now)
-        block: list[bytes] = []  # envelopes of seqs first_seq .. st.seq, one value
-        cursors: dict[ThreadRef, _Cursor] = {}
+        block = st.block
+        cursors = st.cursors
         for req in batch:
             if req.kind == "messages":
                 assert req.ref is not None
                 cursor = cursors.get(req.ref)
                 if cursor is None:
-                    cursor = cursors[req.ref] = await self._cursor(req.ref, base)
+                    cursor = cursors[req.ref] = await self._cursor(req.ref, st.prior_offsets)
                 for msg in self._stage_messages(req, wb, st, cursor, now, ts, block):
                     st.puts += await self._stage_tool_calls(wb, msg, st.tools, st.prior_tools)
             elif req.kind == "event":
@@ -499,16 +541,11 @@ class Journal(JournalReads):
                 st.watermark = req.watermark
                 wb.put(keys.RELAY_WATERMARK, keys.u64(st.watermark))
                 st.puts += 1
-        if block:
-            wb.put(keys.seq_key(first_seq), encode_seq_block(block))
-            st.puts += 1
-        st.offsets = {ref: c.next_offset for ref, c in cursors.items()}
-        return st
 
-    async def _cursor(self, ref: ThreadRef, base: _Staged | None) -> _Cursor:
-        """Where the thread's next message goes: after the batch in flight, else the
-        committed cache, else the store (a descending scan, first touch only)."""
-        offset = base.offsets.get(ref) if base is not None else None
+    async def _cursor(self, ref: ThreadRef, prior: dict[ThreadRef, int]) -> _Cursor:
+        """Where the thread's next message goes: after the batch in flight (``prior``), else
+        the committed cache, else the store (a descending scan, first touch only)."""
+        offset = prior.get(ref)
         if offset is None:
             offset = self._offsets.get(ref)  # its recency is refreshed once durable
         if offset is None:
