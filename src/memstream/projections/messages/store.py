@@ -18,6 +18,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,6 +47,8 @@ from memstream.projections.messages.sql import (
     search_sql,
     thread_visible_sql,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,10 @@ class MessageStore:
                 JOURNAL_BATCH_FORMAT,
                 JOURNAL_BATCH_STRUCTURE,
             )
-        except (RetryableInfraError, PermanentInfraError):
+        except (RetryableInfraError, PermanentInfraError) as e:
+            # Bad records fail the strict parse; so would an engine that cannot run the
+            # bulk SQL at all, which would make every batch take the slow path: say so.
+            log.info("bulk journal parse failed, batch goes to the Python path: %s", e)
             return None
         if (
             parsed.num_rows != len(values)
