@@ -8,7 +8,8 @@ advanced locally, so every ``after`` it honours came through Redis.
   API is already waiting, also when the worker is another OS process;
 - marks never move backwards, whatever order writers (or redelivered batches) arrive in;
 - a wiped Redis makes the API wait and answer ``not_ready``, never early; the next batch
-  re-publishes;
+  re-publishes; an unreachable Redis fails neither the projector's advance nor the read
+  (``not_ready``, not an error);
 - over HTTP, ``memory/recall`` with ``after`` answers 200 from a mark only Redis holds.
 """
 
@@ -141,6 +142,21 @@ async def test_a_wiped_redis_makes_reads_wait_never_answer_early(
     worker.memory.advance(AGENT, 21)
     await worker.flush()
     assert await api.memory.wait_for(AGENT, 20, timeout=0.2) == 21
+
+
+async def test_an_unreachable_redis_fails_nothing() -> None:
+    dead = aioredis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    try:
+        worker = Positions.shared(RedisPositions(dead))
+        worker.memory.advance(AGENT, 3)  # the projector's batch goes on
+        assert await worker.memory.wait_for(AGENT, 3, timeout=0.1) == 3  # in-process view
+        api = Positions.shared(RedisPositions(dead))
+        with pytest.raises(NotReady):
+            await api.memory.wait_for(AGENT, 3, timeout=0.3)
+        await worker.close()
+        await api.close()
+    finally:
+        await dead.aclose()
 
 
 async def test_marks_expire_when_idle(redis_client: aioredis.Redis) -> None:
