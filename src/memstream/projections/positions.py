@@ -112,6 +112,7 @@ class Watermarks:
         self._pending: dict[str, int] = {}
         self._writer: asyncio.Task[None] | None = None
         self._read_failing = False
+        self._write_failing = False
 
     def get(self, key: str) -> int | None:
         """The highest position applied for ``key`` in this process, or None when unknown."""
@@ -160,13 +161,19 @@ class Watermarks:
                     self._shared.record(self._projection, batch), SHARED_WRITE_TIMEOUT_S
                 )
             except Exception as e:  # the store is derived state: never fail the projector
-                log.warning("could not share %s positions (will retry): %r", self.name, e)
+                if not self._write_failing:  # once per failure streak
+                    log.warning("could not share %s positions (will retry): %r", self.name, e)
+                self._write_failing = True
                 for key, pos in batch.items():  # re-queue, keeping newer marks
                     if pos > self._pending.get(key, -1):
                         self._pending[key] = pos
                 while len(self._pending) > self._max_keys:
                     self._pending.pop(next(iter(self._pending)))
                 await asyncio.sleep(SHARED_RETRY_S)
+            else:
+                if self._write_failing:
+                    log.info("sharing %s positions again", self.name)
+                self._write_failing = False
 
     async def flush(self) -> None:
         """Wait until every advance so far is written to the shared store. While the store
