@@ -8,7 +8,11 @@ Prints, for a local-folder SlateDB with ``flush_interval`` 5 ms:
   append, one sequence block per batch; all encoded before timing) written straight to SlateDB with one durable wait per batch (batch size 64),
   with and without an explicit WAL flush per batch; and the ratio journal/raw at
   concurrency 64;
-- single-append latency p50/p99 (one writer, one append at a time).
+- single-append latency p50/p99 (one writer, one append at a time);
+- open loop: appends submitted at a fixed offered rate for one second (each its own task, 10
+  threads), with the rate achieved and the latency p50/p99. Requests that arrive while a
+  batch is in flight are staged into the next batch meanwhile (the journal's pipelining),
+  which a closed loop of callers waiting on one batch never exercises.
 
 Run: ``python bench/journal_append.py [--appends N] [--no-fastpath]``. ``--no-fastpath`` keeps
 the binding's byte-by-byte copy (see ``memstream.infra.journal.fastpath``) for journal and raw
@@ -133,6 +137,37 @@ async def latency(root: Path, n: int, eager: bool) -> tuple[float, float]:
     return statistics.median(samples), q[98]
 
 
+async def offered(root: Path, rate: int) -> tuple[float, float, float, int]:
+    """Appends submitted at ``rate``/s for one second: achieved rate, p50 and p99 latency in
+    ms, and how many batches were staged while another was in flight."""
+    j = await Journal.open(
+        local_store(root / f"open-{rate}"), "j", flush_interval_ms=FLUSH_MS, fast_binding=FAST
+    )
+    msg = [NewMessage(role="user", content=CONTENT)]
+    refs = [ThreadRef("acct", "agent", f"t{i}") for i in range(10)]
+    await j.append(refs[0], msg)
+    samples: list[float] = []
+
+    async def one(i: int) -> None:
+        t0 = time.perf_counter()
+        await j.append(refs[i % 10], msg)
+        samples.append((time.perf_counter() - t0) * 1000)
+
+    tasks = []
+    start = time.perf_counter()
+    while len(tasks) < rate:
+        due = min(rate, int((time.perf_counter() - start) * rate) + 1)
+        while len(tasks) < due:
+            tasks.append(asyncio.create_task(one(len(tasks))))
+        await asyncio.sleep(0.0005)
+    await asyncio.gather(*tasks)
+    dt = time.perf_counter() - start
+    pipelined = getattr(j.stats, "pipelined", 0)
+    await j.close()
+    q = statistics.quantiles(samples, n=100)
+    return rate / dt, q[49], q[98], pipelined
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--appends", type=int, default=6400, help="appends per concurrency level")
@@ -192,6 +227,14 @@ async def main() -> None:
                 f"single append latency ({'eager' if eager else 'tick only'}): "
                 f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
             )
+        print()
+        print(
+            f"{'open loop, eager':<22}{'achieved/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'pipelined':>11}"
+        )
+        for rate in (4000, 8000, 12000):
+            got, p50, p99, piped = await offered(root, rate)
+            label = f"offered {rate:,}/s"
+            print(f"{label:<22}{got:>12,.0f}{p50:>9.1f}{p99:>9.1f}{piped:>11}")
 
 
 if __name__ == "__main__":
