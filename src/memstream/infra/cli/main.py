@@ -95,11 +95,21 @@ def api_url_of(s: Settings, url: str | None) -> str:
     return found
 
 
+class _TransientKafkaNoise(logging.Filter):
+    """aiokafka logs ERROR while a fresh broker creates its offsets topic
+    (GroupCoordinatorNotAvailable) and retries by itself; that is start-up, not a fault."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "GroupCoordinatorNotAvailable" not in record.getMessage()
+
+
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_TransientKafkaNoise())
 
 
 def run(coro: object) -> object:
