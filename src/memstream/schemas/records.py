@@ -331,22 +331,22 @@ def _message_fast(d: dict[str, object]) -> Message | None:
         created_at = _cached_time(created, "created_at")
     except InvalidRequest:
         return None
-    msg: Message = _new(Message)
-    _M_ACCOUNT(msg, account_id)
-    _M_AGENT(msg, agent_id)
-    _M_THREAD(msg, thread_id)
-    _M_OFFSET(msg, offset)
-    _M_ID(msg, message_id)
-    _M_ROLE(msg, role)
-    _M_CONTENT(msg, content)
-    _M_CREATED(msg, created_at)
-    _M_TOKENS(msg, token_count)
-    _M_SEQ(msg, seq)
-    _M_REASONING(msg, reasoning)
-    _M_CALLS(msg, calls)
-    _M_CALL_ID(msg, tool_call_id)
-    _M_USER(msg, user_id)
-    return msg
+    return message_unchecked(
+        account_id,
+        agent_id,
+        thread_id,
+        offset,
+        message_id,
+        cast(Role, role),  # checked against _ROLE_SET above
+        content,
+        created_at,
+        token_count,
+        seq,
+        reasoning,
+        calls,
+        tool_call_id,
+        user_id,
+    )
 
 
 def message_unchecked(
