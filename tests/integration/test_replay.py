@@ -20,7 +20,6 @@ from pathlib import Path
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from memstream.errors import NotReady
@@ -46,6 +45,7 @@ from memstream.streams.memory_projector import MemoryProjector
 from memstream.streams.message_projector import NAME as MESSAGES_NAME
 from memstream.streams.message_projector import MessageProjector
 from memstream.streams.runner import Runner
+from tests.kafka_helpers import produce
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -149,17 +149,6 @@ def msg(sys: System, acct: str, thread: str, offset: int, role: str, content: st
         token_count=10,
         seq=sys.next_seq(),
     )
-
-
-async def produce(bootstrap: str, topic: str, records: Sequence[tuple[str, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for k, v in records:
-            await producer.send(topic, value=v, key=k.encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
 
 
 def journal_records(msgs: Sequence[Message]) -> list[tuple[str, bytes]]:

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from memstream.errors import InvalidRequest, RetryableInfraError
@@ -25,6 +25,7 @@ from memstream.streams.dlq import list_dead_letters, retry_dead_letters
 from memstream.streams.lag import consumer_lag, max_lag, processor_groups
 from memstream.streams.processor import EventMeta, Processor, Received, RetryPolicy
 from memstream.streams.runner import Runner
+from tests.kafka_helpers import produce
 
 PARTITIONS = 2
 
@@ -82,17 +83,6 @@ def event(thread: str, **data: object) -> Envelope:
     return thread_event(
         "thread.created", "acct", "agent", thread, ts=1, data=dict(data), event_id=uuid.uuid4().hex
     )
-
-
-async def produce(bootstrap: str, topic: str, records: Sequence[tuple[str, bytes]]) -> list[int]:
-    """Send (key, value) records in one batch; returns their offsets."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        futs = [await producer.send(topic, value=v, key=k.encode()) for k, v in records]
-        return [(await f).offset for f in futs]
-    finally:
-        await producer.stop()
 
 
 async def eventually(check: object, timeout: float = 20.0) -> None:
