@@ -5,6 +5,17 @@ Apache Kafka, from Maven Central jars). Nothing here fakes Kafka, Postgres, Redi
 ClickHouse or SlateDB.
 """
 
+from hypothesis import HealthCheck, settings
+
+# Property tests run on a 2-core machine shared with real servers: a slow draw or example is
+# load, not a defect. Keep every example's check, drop the wall-clock health checks.
+settings.register_profile(
+    "memstream",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("memstream")
+
 pytest_plugins = [
     "tests.fixtures.stores",  # embedded Postgres and Valkey (Redis)
     "tests.fixtures.kafka",  # Apache Kafka (and Tansu for the smoke subset)
