@@ -8,6 +8,7 @@ Every error we raise on purpose derives from :class:`MemstreamError`::
     │   ├── PrivateRequiresUser   credentials/PII with no user to make it private (HTTP 422)
     │   └── ContentTooLong        content over the category's maximum          (HTTP 422)
     ├── Unauthorized              missing or unknown API key                    (HTTP 401)
+    ├── Forbidden                 the key may not do this (e.g. needs an admin key) (HTTP 403)
     ├── NotFound                  no such agent/thread/summary/tool call         (HTTP 404)
     ├── CapacityExceeded          category capacity per agent or per user full  (HTTP 409)
     ├── Conflict                  an optimistic check lost (summary version...) (HTTP 409)
@@ -68,6 +69,11 @@ class ContentTooLong(InvalidRequest):
 class Unauthorized(MemstreamError):
     code = "unauthorized"
     status = 401
+
+
+class Forbidden(MemstreamError):
+    code = "forbidden"
+    status = 403
 
 
 class NotFound(MemstreamError):

@@ -25,6 +25,14 @@ def hash_key(key: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """What an API key grants: its account, and whether it is an admin key."""
+
+    account_id: str
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Agent:
     account_id: str
     agent_id: str
@@ -56,7 +64,7 @@ class Accounts:
         self.pool = pool
         # Authenticated keys are remembered briefly so a turn's requests cost no key lookup;
         # a revoked key therefore keeps working for at most ``key_cache_ttl_s`` seconds.
-        self._key_cache: dict[str, tuple[str, float]] = {}
+        self._key_cache: dict[str, tuple[KeyInfo, float]] = {}
         self._key_cache_ttl = key_cache_ttl_s
         # Agents are never deleted, so "this agent exists" can be remembered: read routes
         # then skip the upsert (a write) they would otherwise make on every request.
@@ -77,14 +85,16 @@ class Accounts:
             "INSERT INTO accounts (account_id) VALUES ($1) ON CONFLICT DO NOTHING", account_id
         )
 
-    async def create_key(self, account_id: str) -> str:
-        """Create a new API key for ``account_id`` (creating the account) and return it."""
+    async def create_key(self, account_id: str, *, admin: bool = False) -> str:
+        """Create a new API key for ``account_id`` (creating the account) and return it.
+        An ``admin`` key may act across the account's users (browse, edit, export, erase)."""
         key = KEY_PREFIX + secrets.token_urlsafe(32)
-        await self.add_key(account_id, key)
+        await self.add_key(account_id, key, admin=admin)
         return key
 
-    async def add_key(self, account_id: str, key: str) -> None:
-        """Register a known key (``MEMSTREAM_API_KEYS`` seeding). Idempotent."""
+    async def add_key(self, account_id: str, key: str, *, admin: bool = False) -> None:
+        """Register a known key (``MEMSTREAM_API_KEYS`` seeding). Idempotent (an existing
+        key keeps its admin flag)."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 "INSERT INTO accounts (account_id) VALUES ($1) ON CONFLICT DO NOTHING", account_id
@@ -95,30 +105,38 @@ class Accounts:
             if owner is not None and owner != account_id:
                 raise ValueError("this API key already belongs to another account")
             await conn.execute(
-                "INSERT INTO api_keys (account_id, key_hash, key_prefix) VALUES ($1, $2, $3)"
-                " ON CONFLICT (key_hash) DO NOTHING",
+                "INSERT INTO api_keys (account_id, key_hash, key_prefix, admin)"
+                " VALUES ($1, $2, $3, $4) ON CONFLICT (key_hash) DO NOTHING",
                 account_id,
                 hash_key(key),
                 key[:8],
+                admin,
             )
 
     async def authenticate(self, key: str) -> str | None:
         """The account a key belongs to, or None if unknown or revoked (cached briefly)."""
+        info = await self.key_info(key)
+        return None if info is None else info.account_id
+
+    async def key_info(self, key: str) -> KeyInfo | None:
+        """What a key grants, or None if unknown or revoked (cached briefly)."""
         digest = hash_key(key)
         now = time.monotonic()
         hit = self._key_cache.get(digest)
         if hit is not None and hit[1] > now:
             return hit[0]
-        result = await self.pool.fetchval(
-            "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", digest
+        row = await self.pool.fetchrow(
+            "SELECT account_id, admin FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+            digest,
         )
-        if result is None:
+        if row is None:
             self._key_cache.pop(digest, None)
             return None
         if len(self._key_cache) > 10_000:
             self._key_cache.clear()
-        self._key_cache[digest] = (str(result), now + self._key_cache_ttl)
-        return str(result)
+        info = KeyInfo(str(row["account_id"]), bool(row["admin"]))
+        self._key_cache[digest] = (info, now + self._key_cache_ttl)
+        return info
 
     async def ensure_agent(self, account_id: str, agent_id: str) -> Agent:
         row = await self.pool.fetchrow(

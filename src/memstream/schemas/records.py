@@ -660,11 +660,15 @@ def _entry_fast(d: dict[str, object]) -> MemoryEntry | None:
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who is asking: the account (from the API key), the agent, and the end user if any."""
+    """Who is asking: the account (from the API key), the agent, and the end user if any.
+
+    ``admin`` is true for an admin key: it may act across the account's users (browse,
+    edit, export, import, erase); the memory tools ignore it."""
 
     account_id: str
     agent_id: str
     user_id: str | None = None
+    admin: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from memstream import __version__
 from memstream.agents_ctx.http import (
     admin_routes,
     context_routes,
+    entries_routes,
     errors,
     journal_routes,
     memory_routes,
@@ -71,5 +72,6 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(journal_routes.router)
     app.include_router(summary_routes.router)
     app.include_router(memory_routes.router)
+    app.include_router(entries_routes.router)
     app.include_router(context_routes.router)
     return app

@@ -32,15 +32,16 @@ async def caller(
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("send 'Authorization: Bearer <api key>'", field="Authorization")
     key = authorization[7:].strip()
-    account_id = await svc.accounts.authenticate(key) if key else None
-    if account_id is None:
+    info = await svc.accounts.key_info(key) if key else None
+    if info is None:
         raise Unauthorized("unknown or revoked API key", field="Authorization")
+    account_id = info.account_id
     check_id(agent_id, "agent_id")
     user_id = None
     if x_memstream_user is not None and x_memstream_user.strip():
         user_id = check_id(x_memstream_user.strip(), "X-Memstream-User")
     await svc.accounts.touch_agent(account_id, agent_id)
-    return Caller(account_id=account_id, agent_id=agent_id, user_id=user_id)
+    return Caller(account_id=account_id, agent_id=agent_id, user_id=user_id, admin=info.admin)
 
 
 ServicesDep = Annotated[Services, Depends(services)]

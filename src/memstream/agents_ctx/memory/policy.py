@@ -240,18 +240,24 @@ def decide_store(
         if existing.content == req.content:
             return "unchanged"
         return "replace"
-    limits = CATEGORY_LIMITS[req.category]
+    check_capacity(req.category, req.user_id, usage)
+    return "create"
+
+
+def check_capacity(category: Category, user_id: str | None, usage: Usage) -> None:
+    """Room for one more ``category`` entry, for the agent and (with a user) for the user,
+    given the category's current usage; :class:`CapacityExceeded` otherwise."""
+    limits = CATEGORY_LIMITS[category]
     if usage.agent >= limits.per_agent:
         raise CapacityExceeded(
-            f"this agent already holds {usage.agent} {req.category} entries "
+            f"this agent already holds {usage.agent} {category} entries "
             f"(the maximum is {limits.per_agent})"
         )
-    if req.user_id is not None and usage.user >= limits.per_user:
+    if user_id is not None and usage.user >= limits.per_user:
         raise CapacityExceeded(
-            f"this user already holds {usage.user} {req.category} entries "
+            f"this user already holds {usage.user} {category} entries "
             f"(the maximum per user is {limits.per_user})"
         )
-    return "create"
 
 
 def new_entry(

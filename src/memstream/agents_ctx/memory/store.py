@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import asyncpg
 
 from memstream.agents_ctx.memory import policy, ranking
+from memstream.agents_ctx.memory.entries import MemoryEntries
 from memstream.agents_ctx.memory.outbox import (
     ENTRY_COLUMNS,
     NEXT_VERSION,
@@ -165,6 +166,8 @@ class MemoryService:
         self._clock = clock
         self._index = index
         self._metrics = metrics
+        self.entries = MemoryEntries(pool, clock)
+        """Browse, edit, export and import (the entries routes)."""
 
     # --- memory_store ---------------------------------------------------------------------
     async def store(

@@ -228,7 +228,17 @@ def migrate(data_dir: DataDir = None) -> None:
 
 
 @keys_app.command("create")
-def keys_create(account: str, data_dir: DataDir = None) -> None:
+def keys_create(
+    account: str,
+    data_dir: DataDir = None,
+    admin: Annotated[
+        bool,
+        typer.Option(
+            "--admin",
+            help="May act across the account's users: browse, edit, export, import, erase.",
+        ),
+    ] = False,
+) -> None:
     """Create an API key for ACCOUNT and print it (it is shown only this once)."""
     from memstream.agents_ctx.validation import check_id
     from memstream.infra.accounts import Accounts
@@ -246,7 +256,7 @@ def keys_create(account: str, data_dir: DataDir = None) -> None:
         pool = await create_pool(dsn)
         try:
             await do_migrate(pool)
-            return await Accounts(pool).create_key(account)
+            return await Accounts(pool).create_key(account, admin=admin)
         finally:
             await pool.close()
 
