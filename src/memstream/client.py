@@ -36,6 +36,7 @@ _ERRORS: Final[dict[str, type[errors.MemstreamError]]] = {
         errors.PrivateRequiresUser,
         errors.ContentTooLong,
         errors.Unauthorized,
+        errors.MemoryNotBound,
         errors.NotFound,
         errors.CapacityExceeded,
         errors.Conflict,
@@ -247,11 +248,18 @@ class MemstreamClient:
         return await self._json("POST", f"{self._agent(agent_id)}/journal/search", body)
 
     async def tool_call_view(
-        self, agent_id: str, tool_call_id: str, offset: int = 0, length: int | None = None
+        self,
+        agent_id: str,
+        tool_call_id: str,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        thread_id: str | None = None,
     ) -> JSON:
         return await self._json(
             "GET",
             f"{self._agent(agent_id)}/journal/tool-calls/{_p(tool_call_id)}",
             offset=offset,
             length=length,
+            thread_id=thread_id,
         )

@@ -9,6 +9,7 @@ Every error we raise on purpose derives from :class:`MemstreamError`::
     │   └── ContentTooLong        content over the category's maximum          (HTTP 422)
     ├── Unauthorized              missing or unknown API key                    (HTTP 401)
     ├── Forbidden                 the key may not do this (e.g. needs an admin key) (HTTP 403)
+    │   └── MemoryNotBound        memory tools on an agent without Memory bound (HTTP 403)
     ├── NotFound                  no such agent/thread/summary/tool call         (HTTP 404)
     ├── CapacityExceeded          category capacity per agent or per user full  (HTTP 409)
     ├── Conflict                  an optimistic check lost (summary version...) (HTTP 409)
@@ -74,6 +75,10 @@ class Unauthorized(MemstreamError):
 class Forbidden(MemstreamError):
     code = "forbidden"
     status = 403
+
+
+class MemoryNotBound(Forbidden):
+    code = "memory_not_bound"
 
 
 class NotFound(MemstreamError):

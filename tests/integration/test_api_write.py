@@ -65,7 +65,7 @@ async def test_create_thread_and_append(api_stack: ApiStack) -> None:
     msgs = await api_stack.journal.last(ThreadRef("acme", "bot", "t1"), 20)
     assert [m.role for m in msgs] == ["user", "assistant", "tool", "assistant"]
     assert msgs[0].user_id == "alice" and msgs[3].reasoning == "thought"
-    rec = await api_stack.journal.tool_call("acme", "bot", "c1")
+    rec = await api_stack.journal.tool_call("acme", "bot", "c1", "t1")
     assert rec is not None and rec.name == "search" and rec.result == "result"
 
 

@@ -39,7 +39,7 @@ async def stack(
 ) -> AsyncIterator[ApiStack]:
     svc = api_stack.services
     folder: Path = tmp_path_factory.mktemp("objects")
-    svc.memory = MemoryService(api_stack.pool, api_stack.clock)
+    svc.memory = MemoryService(api_stack.pool, api_stack.clock, binding=svc.accounts)
     svc.summary_store = SummaryStore(LocalStore(prefix=folder, mkdir=True), redis_client)
     svc.metrics = Metrics()
     yield api_stack
@@ -59,6 +59,9 @@ async def store(
     category: str = "user_profile",
     scope: str = "shared",
 ) -> None:
+    """Store through the memory tool (binding Memory to the agent, as the tool needs)."""
+    bound = await s.client.put(f"/v1/agents/{agent}", json={"memory": True}, headers=s.headers())
+    assert bound.status_code == 200, bound.text
     r = await s.client.post(
         f"/v1/agents/{agent}/memory/store",
         json={
@@ -73,7 +76,9 @@ async def store(
     assert r.status_code == 200, r.text
 
 
-async def append(s: ApiStack, agent: str, thread: str, n: int, start: int = 0) -> None:
+async def append(
+    s: ApiStack, agent: str, thread: str, n: int, start: int = 0, user: str | None = "alice"
+) -> None:
     msgs = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"}
         for i in range(start, start + n)
@@ -81,7 +86,7 @@ async def append(s: ApiStack, agent: str, thread: str, n: int, start: int = 0) -
     r = await s.client.post(
         f"/v1/agents/{agent}/threads/{thread}/messages",
         json={"messages": msgs},
-        headers=s.headers(user="alice"),
+        headers=s.headers(user=user),
     )
     assert r.status_code == 201, r.text
 
@@ -127,13 +132,13 @@ def messages(ctx: dict[str, object]) -> list[dict[str, str]]:
 # --- order and content -------------------------------------------------------------------------
 async def test_order_pinned_then_summary_then_window(stack: ApiStack) -> None:
     agent = fresh()
+    await store(stack, agent, "name", "is called Alice", 0.9)
+    await store(stack, agent, "lang", "prefers answers in French", 0.8, scope="private")
+    await store(stack, agent, "repo", "uses postgres", 0.95, category="project_fact")
     r = await stack.client.put(
         f"/v1/agents/{agent}", json={"memory": False}, headers=stack.headers()
     )
     assert r.json()["memory"] is False  # Memory unbound: pinned facts still load
-    await store(stack, agent, "name", "is called Alice", 0.9)
-    await store(stack, agent, "lang", "prefers answers in French", 0.8, scope="private")
-    await store(stack, agent, "repo", "uses postgres", 0.95, category="project_fact")
     await append(stack, agent, "t", 25)
     summary = await write_summary(stack, agent, "t", "Alice asked about tea.")
 
@@ -348,9 +353,19 @@ async def test_sub_agent_inherits_pinned_but_not_conversation_or_summary(stack: 
     assert len(messages(ctx)) == 1 and messages(ctx)[0]["role"] == "system"
     assert ctx["summary"] is None
     assert "parent conversation" not in str(ctx) and "message 0" not in str(ctx)
-    # another user delegating from the same parent gets that user's view, not alice's
+    # alice's thread is hers: another user, or no user, cannot delegate from it
+    for user in ("bob", None):
+        r = await stack.client.get(
+            f"/v1/agents/{child}/threads/task2/context",
+            params={"parent_thread_id": "main", "parent_agent_id": parent},
+            headers=stack.headers(user=user),
+        )
+        assert r.status_code == 404 and r.json()["error"]["field"] == "parent_thread_id"
+        assert "Alice" not in r.text and "vegetarian" not in r.text
+    # from a shared parent thread, another user gets that user's view, not alice's
+    await append(stack, parent, "shared-main", 2, user=None)
     ctx_bob = await context(
-        stack, child, "task2", user="bob", parent_thread_id="main", parent_agent_id=parent
+        stack, child, "task2", user="bob", parent_thread_id="shared-main", parent_agent_id=parent
     )
     assert keys(ctx_bob) == ["name"]
     # without delegation the child sees its own pinned set
@@ -380,7 +395,9 @@ async def test_sub_agent_of_the_same_agent_and_errors(stack: ApiStack) -> None:
 async def test_deleted_thread_has_no_context(stack: ApiStack) -> None:
     agent = fresh()
     await append(stack, agent, "t", 2)
-    r = await stack.client.delete(f"/v1/agents/{agent}/threads/t", headers=stack.headers())
+    r = await stack.client.delete(
+        f"/v1/agents/{agent}/threads/t", headers=stack.headers(user="alice")
+    )
     assert r.status_code == 204
     r = await stack.client.get(f"/v1/agents/{agent}/threads/t/context", headers=stack.headers())
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

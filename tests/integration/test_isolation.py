@@ -52,7 +52,7 @@ async def world(
 ) -> AsyncIterator[World]:
     s = api_stack
     svc = s.services
-    svc.memory = MemoryService(s.pool, s.clock)
+    svc.memory = MemoryService(s.pool, s.clock, binding=svc.accounts)
     svc.summary_store = SummaryStore(
         LocalStore(prefix=tmp_path_factory.mktemp("objects"), mkdir=True), redis_client
     )
@@ -121,6 +121,7 @@ async def test_alice_data_is_reachable_by_alice(world: World) -> None:
 
 async def test_another_account_sees_nothing_on_any_route(world: World) -> None:
     o = world.other
+    await o.configure_agent(AGENT, memory=True)  # its own agent "bot", not acme's
     # reads
     ctx = await o.context(AGENT, THREAD)
     assert ctx == {"messages": [], "pinned": [], "summary": None, "window": 20}
@@ -152,7 +153,7 @@ async def test_another_account_sees_nothing_on_any_route(world: World) -> None:
 
 async def test_another_user_never_sees_private_facts(world: World) -> None:
     for c in (world.bob, world.anon):
-        ctx = await c.context(AGENT, THREAD)
+        ctx = await c.context(AGENT, "their-own-thread")
         assert [e["key"] for e in ctx["pinned"]] == ["team"]
         assert "turquoise" not in ctx["messages"][0]["content"]
         keys = [

@@ -98,13 +98,13 @@ async def test_tool_call_payload_and_result(journal: Journal) -> None:
         T1,
         [user("what's the weather"), NewMessage(role="assistant", content="", tool_calls=(call,))],
     )
-    rec = await journal.tool_call("acct", "agent", "call_1")
+    rec = await journal.tool_call("acct", "agent", "call_1", "t1")
     assert rec is not None
     assert (rec.name, rec.arguments, rec.result) == ("search", {"q": "weather", "n": 3}, None)
     assert (rec.thread_id, rec.offset) == ("t1", 1)
 
     await journal.append(T1, [NewMessage(role="tool", content="sunny, 21C", tool_call_id="call_1")])
-    rec = await journal.tool_call("acct", "agent", "call_1")
+    rec = await journal.tool_call("acct", "agent", "call_1", "t1")
     assert rec is not None
     assert rec.document() == {
         "name": "search",
@@ -112,8 +112,37 @@ async def test_tool_call_payload_and_result(journal: Journal) -> None:
         "result": "sunny, 21C",
     }
     # per account/agent: another agent does not see it
-    assert await journal.tool_call("acct", "other-agent", "call_1") is None
-    assert await journal.tool_call("acct", "agent", "nope") is None
+    assert await journal.tool_call("acct", "other-agent", "call_1", "t1") is None
+    assert await journal.tool_call("acct", "agent", "nope", "t1") is None
+    assert await journal.tool_call("acct", "agent", "call_1", "t2") is None  # per thread
+
+
+async def test_two_threads_reusing_a_tool_call_id_keep_two_records(journal: Journal) -> None:
+    """Models number calls ``call_0``, ``call_1``... in every thread: a later thread reusing
+    an id neither overwrites the first thread's record nor inherits its result."""
+    a, b = ThreadRef("acct", "agent", "reuse-a"), ThreadRef("acct", "agent", "reuse-b")
+    call_a = ToolCall(id="call_0", name="read_mail", arguments={"box": "a"})
+    await journal.append(
+        a,
+        [
+            NewMessage(role="assistant", content="", tool_calls=(call_a,)),
+            NewMessage(role="tool", content="alice's secret mail", tool_call_id="call_0"),
+        ],
+    )
+    call_b = ToolCall(id="call_0", name="weather", arguments={"city": "Oslo"})
+    await journal.append(b, [NewMessage(role="assistant", content="", tool_calls=(call_b,))])
+    rec_a = await journal.tool_call("acct", "agent", "call_0", "reuse-a")
+    rec_b = await journal.tool_call("acct", "agent", "call_0", "reuse-b")
+    assert rec_a is not None and rec_b is not None
+    assert (rec_a.name, rec_a.result) == ("read_mail", "alice's secret mail")
+    assert (rec_b.name, rec_b.result) == ("weather", None)  # not a copy of a's result
+    both = await journal.tool_calls("acct", "agent", "call_0")
+    assert sorted(r.thread_id or "" for r in both) == ["reuse-a", "reuse-b"]
+    # reused within one thread: the new call is a new record, not the old call's result
+    call_a2 = ToolCall(id="call_0", name="calendar", arguments={})
+    await journal.append(a, [NewMessage(role="assistant", content="", tool_calls=(call_a2,))])
+    again = await journal.tool_call("acct", "agent", "call_0", "reuse-a")
+    assert again is not None and (again.name, again.result) == ("calendar", None)
 
 
 async def test_tool_call_and_result_in_one_append(journal: Journal) -> None:
@@ -125,7 +154,7 @@ async def test_tool_call_and_result_in_one_append(journal: Journal) -> None:
             NewMessage(role="tool", content="2", tool_call_id="c2"),
         ],
     )
-    rec = await journal.tool_call("acct", "agent", "c2")
+    rec = await journal.tool_call("acct", "agent", "c2", "t1")
     assert rec is not None
     assert (rec.name, rec.arguments, rec.result) == ("calc", "1+1", "2")
 
@@ -254,7 +283,7 @@ async def test_reader_follows_durable_writes(
         assert await reader.wait_for(T1, 1, timeout=5.0)
         assert [m.content for m in await reader.read_range(T1, 0, 1)] == ["first", "x"]
         assert await reader.next_offset(T1) == 2
-        assert (await reader.tool_call("acct", "agent", "rc")) is not None
+        assert (await reader.tool_call("acct", "agent", "rc", "t1")) is not None
         assert [s for s, _ in await reader.read_seq(0, 10)] == [1, 2]
         assert not await reader.wait_for(T1, 5, timeout=0.05)
     finally:

@@ -78,7 +78,7 @@ async def test_batch_staged_behind_one_in_flight_continues_it(
         assert order == ["first", "second"]  # acknowledged in order
         assert [m.offset for m in made + second] == [0, 1, 2]
         assert [m.seq for m in made + second] == [1, 2, 3]
-        rec = await j.tool_call("acct", "agent", "call-1")
+        rec = await j.tool_call("acct", "agent", "call-1", "p1")
         # the result, staged on top of a call record that was not durable yet, kept its name
         assert rec is not None and (rec.name, rec.result) == ("lookup", "42")
         assert [m.content for m in await j.last(T1, 10)] == ["", "42", "thanks"]

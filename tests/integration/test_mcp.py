@@ -37,10 +37,14 @@ def memory(pg_pool: asyncpg.Pool) -> MemoryService:
 
 @asynccontextmanager
 async def gateway(
-    memory: MemoryService, user: str | None = None
+    memory: MemoryService, user: str | None = None, *, bound: bool = True
 ) -> AsyncIterator[tuple[Client, str]]:
-    """A real client session (entered and left in the test's own task, as anyio requires)."""
+    """A real client session (entered and left in the test's own task, as anyio requires)
+    on a fresh agent, with Memory bound unless ``bound`` is False."""
     agent = f"mcp{next(_agents)}"
+    accounts = Accounts(memory._pool)
+    await accounts.ensure_account("acme")
+    await accounts.configure_agent("acme", agent, memory=bound)
     async with Client(build_mcp_server(memory, "acme", agent, user), mode="legacy") as client:
         yield client, agent
 
@@ -117,9 +121,7 @@ async def private_without_user_is_stored_shared(
 
 
 async def test_a_configured_user_keeps_private_facts_private(memory: MemoryService) -> None:
-    agent = f"mcp{next(_agents)}"
-    server = build_mcp_server(memory, "acme", agent, user_id="alice")
-    async with Client(server, mode="legacy") as client:
+    async with gateway(memory, "alice") as (client, agent):
         r = structured(
             await client.call_tool(
                 "memory_store",
@@ -177,6 +179,25 @@ async def refused_calls_name_the_field_and_write_nothing(
     assert await memory.list_visible(Caller("acme", agent, None)) == []
 
 
+async def test_an_agent_without_memory_bound_gets_memory_not_bound(memory: MemoryService) -> None:
+    async with gateway(memory, "alice", bound=False) as (client, agent):
+        calls = {
+            "memory_store": {
+                "key": "k",
+                "content": "likes tea",
+                "category": "user_profile",
+                "scope": "private",
+            },
+            "memory_recall": {"query": "tea"},
+            "memory_forget": {"key": "k"},
+        }
+        for tool, args in calls.items():
+            out = await client.call_tool(tool, args)
+            assert out.is_error, tool
+            assert "memory_not_bound (field: agent_id)" in out.content[0].text, tool
+        assert await memory.list_visible(Caller("acme", agent, "alice")) == []
+
+
 async def test_stdio_transport_in_a_subprocess(pg_dsn: str, tmp_path: Path) -> None:
     """``python -m memstream.agents_ctx.mcp_server`` over stdio, as an MCP host runs it."""
     dsn = await fresh_database(pg_dsn)
@@ -184,6 +205,7 @@ async def test_stdio_transport_in_a_subprocess(pg_dsn: str, tmp_path: Path) -> N
     try:
         await migrate(pool)
         await Accounts(pool).create_key("acme")
+        await Accounts(pool).configure_agent("acme", "gw", memory=True)
         params = StdioServerParameters(
             command=sys.executable,
             args=["-m", "memstream.agents_ctx.mcp_server", "--account", "acme", "--agent", "gw"],

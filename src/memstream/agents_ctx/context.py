@@ -180,7 +180,12 @@ class WindowReader(Protocol):
 
 
 class ThreadSource(Protocol):
-    async def get_thread(self, ref: ThreadRef) -> Thread | None: ...
+    """The access check (``agents_ctx.access.ThreadAccess``): the thread if the caller may
+    read it, None if it was never opened, ``NotFound`` otherwise."""
+
+    async def readable(
+        self, caller: Caller, ref: ThreadRef, field: str = "thread_id"
+    ) -> Thread | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +238,7 @@ class ContextReader:
         if svc.summary_store is None:
             raise InfraError("the summary store is not available in this process")
         return cls(
-            svc.accounts, svc.need_journal(), svc.memory, svc.summary_store, svc.clock, svc.metrics
+            svc.threads, svc.need_journal(), svc.memory, svc.summary_store, svc.clock, svc.metrics
         )
 
     async def context(
@@ -241,7 +246,8 @@ class ContextReader:
     ) -> Context:
         """Assemble the context of ``thread_id`` for ``caller``.
 
-        Raises :class:`NotFound` for a deleted thread (or a missing/deleted parent) and
+        Raises :class:`NotFound` for a deleted thread or one that belongs to another user
+        (or a missing, deleted or someone else's parent), revealing nothing of it, and
         :class:`JournalUnavailable` when the journal cannot be read.
         """
         started = time.perf_counter()
@@ -261,25 +267,37 @@ class ContextReader:
                 "a delegated sub-agent needs its own thread, not its parent's",
                 field="parent_thread_id",
             )
-        thread, parent_thread, pinned, summary, window = await asyncio.gather(
-            self._threads.get_thread(ref),
-            self._thread_or_none(parent_ref),
+        # the access checks run alongside the reads; nothing read is returned unless they pass
+        parts = await asyncio.gather(
+            self._threads.readable(caller, ref),
+            self._parent(caller, parent_ref),
             self._pinned.pinned(pin_caller, now),
             self._summary(ref),
             self._journal.last(ref, WINDOW_MESSAGES),
+            return_exceptions=True,
         )
-        if thread is not None and thread.deleted:
-            raise NotFound(f"thread {ref.thread_id!r} was deleted", field="thread_id")
-        if parent_ref is not None and (parent_thread is None or parent_thread.deleted):
-            raise NotFound(f"no parent thread {parent_ref.thread_id!r}", field="parent_thread_id")
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
+        thread, _, pinned, summary, window = parts
+        assert not isinstance(thread, BaseException)
+        assert isinstance(pinned, list) and isinstance(window, list)
+        assert summary is None or isinstance(summary, Summary)
         limit = window_size(thread.config if thread is not None else None)
         ctx = assemble(pinned, summary, window, limit)
         if self._metrics is not None:
             self._metrics.context_latency.observe(time.perf_counter() - started)
         return ctx
 
-    async def _thread_or_none(self, ref: ThreadRef | None) -> Thread | None:
-        return None if ref is None else await self._threads.get_thread(ref)
+    async def _parent(self, caller: Caller, ref: ThreadRef | None) -> Thread | None:
+        """The parent thread a sub-agent is delegated from: it must exist and be readable by
+        the caller (the same check as any thread route)."""
+        if ref is None:
+            return None
+        parent = await self._threads.readable(caller, ref, "parent_thread_id")
+        if parent is None:
+            raise NotFound(f"no parent thread {ref.thread_id!r}", field="parent_thread_id")
+        return parent
 
     async def _summary(self, ref: ThreadRef) -> Summary | None:
         return await self._summaries.get(ref)

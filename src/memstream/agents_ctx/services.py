@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from memstream.agents_ctx.access import ThreadAccess
 from memstream.clock import Clock, SystemClock
 from memstream.errors import InfraError
 
@@ -40,6 +41,14 @@ class Services:
     memory: MemoryService | None = None  # agent memory tools (Postgres + index)
     positions: Positions | None = None  # read-your-writes watermarks of the live projectors
     replays: ReplayHub | None = None  # projection rebuilds (POST /admin/replay/...)
+    _threads: ThreadAccess | None = field(default=None, repr=False)
+
+    @property
+    def threads(self) -> ThreadAccess:
+        """Thread access control (ownership, deletion), over ``accounts``."""
+        if self._threads is None:
+            self._threads = ThreadAccess(self.accounts)
+        return self._threads
 
     def need_journal(self) -> Journal:
         if self.journal is None:

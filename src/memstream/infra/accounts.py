@@ -41,9 +41,12 @@ class Agent:
 
 @dataclass(frozen=True, slots=True)
 class Thread:
+    """A thread record. ``owner`` is the user who opened it (None: shared by the agent)."""
+
     ref: ThreadRef
     metadata: JSONObject
     deleted: bool
+    owner: str | None = None
 
     @property
     def config(self) -> ThreadConfig:
@@ -70,6 +73,9 @@ class Accounts:
         # then skip the upsert (a write) they would otherwise make on every request.
         self._known_agents: set[tuple[str, str]] = set()
         self._known_agents_max = known_agents_max
+        # The Memory binding, remembered as briefly as keys; configure_agent through this
+        # instance refreshes it at once.
+        self._memory_cache: dict[tuple[str, str], tuple[bool, float]] = {}
 
     async def touch_agent(self, account_id: str, agent_id: str) -> None:
         """Make sure the agent exists (implicit creation on first use), cheaply."""
@@ -157,6 +163,19 @@ class Accounts:
         )
         return None if row is None else Agent(row["account_id"], row["agent_id"], row["memory"])
 
+    async def memory_bound(self, account_id: str, agent_id: str) -> bool:
+        """Whether the agent has the Memory capability bound (cached ``key_cache_ttl_s``)."""
+        now = time.monotonic()
+        hit = self._memory_cache.get((account_id, agent_id))
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        agent = await self.get_agent(account_id, agent_id)
+        bound = agent is not None and agent.memory
+        if len(self._memory_cache) > 10_000:
+            self._memory_cache.clear()
+        self._memory_cache[(account_id, agent_id)] = (bound, now + self._key_cache_ttl)
+        return bound
+
     async def configure_agent(self, account_id: str, agent_id: str, *, memory: bool) -> Agent:
         row = await self.pool.fetchrow(
             "INSERT INTO agents (account_id, agent_id, memory) VALUES ($1, $2, $3)"
@@ -168,41 +187,68 @@ class Accounts:
             memory,
         )
         assert row is not None
+        self._memory_cache.pop((account_id, agent_id), None)
         return Agent(row["account_id"], row["agent_id"], row["memory"])
 
-    async def create_thread(self, ref: ThreadRef, metadata: JSONObject) -> tuple[Thread, bool]:
-        """Create (or return the existing, undeleted) thread. Returns (thread, created)."""
+    async def create_thread(
+        self, ref: ThreadRef, metadata: JSONObject, owner: str | None = None
+    ) -> tuple[Thread | None, bool]:
+        """Create the thread for ``owner`` (None: shared), or return the existing one,
+        reviving it with ``metadata`` if it was deleted. Returns (thread, created).
+
+        The thread is None, and nothing is changed, when it exists and belongs to another
+        user (a thread's owner is set once, at insert, and never changes)."""
         await self.ensure_agent(ref.account_id, ref.agent_id)
         row = await self.pool.fetchrow(
-            "INSERT INTO threads (account_id, agent_id, thread_id, metadata) VALUES ($1,$2,$3,$4)"
+            "INSERT INTO threads (account_id, agent_id, thread_id, metadata, owner_user)"
+            " VALUES ($1,$2,$3,$4,$5)"
             " ON CONFLICT (account_id, agent_id, thread_id) DO UPDATE"
             "   SET metadata = CASE WHEN threads.deleted THEN EXCLUDED.metadata"
             "                       ELSE threads.metadata END,"
             "       deleted = false, updated_at = now()"
-            " RETURNING metadata, deleted, (xmax = 0) AS created",
+            "   WHERE threads.owner_user IS NULL OR threads.owner_user = EXCLUDED.owner_user"
+            " RETURNING metadata, deleted, owner_user, (xmax = 0) AS created",
             ref.account_id,
             ref.agent_id,
             ref.thread_id,
             metadata,
+            owner,
         )
-        assert row is not None
-        return Thread(ref, row["metadata"], row["deleted"]), bool(row["created"])
+        if row is None:
+            return None, False
+        thread = Thread(ref, row["metadata"], row["deleted"], row["owner_user"])
+        return thread, bool(row["created"])
 
-    async def ensure_thread(self, ref: ThreadRef) -> tuple[Thread, bool]:
+    async def open_thread(self, ref: ThreadRef, owner: str | None) -> tuple[Thread, bool]:
+        """The thread as it is, inserting it (for ``owner``, default config) if it has no
+        record yet. Never revives a deleted thread, never changes an existing one."""
+        row = await self.pool.fetchrow(
+            "INSERT INTO threads (account_id, agent_id, thread_id, owner_user)"
+            " VALUES ($1,$2,$3,$4)"
+            " ON CONFLICT (account_id, agent_id, thread_id) DO NOTHING"
+            " RETURNING metadata, deleted, owner_user",
+            ref.account_id,
+            ref.agent_id,
+            ref.thread_id,
+            owner,
+        )
+        if row is not None:
+            return Thread(ref, row["metadata"], row["deleted"], row["owner_user"]), True
         existing = await self.get_thread(ref)
-        if existing is not None and not existing.deleted:
-            return existing, False
-        return await self.create_thread(ref, {})
+        assert existing is not None  # rows are never removed
+        return existing, False
 
     async def get_thread(self, ref: ThreadRef) -> Thread | None:
         row = await self.pool.fetchrow(
-            "SELECT metadata, deleted FROM threads"
+            "SELECT metadata, deleted, owner_user FROM threads"
             " WHERE account_id=$1 AND agent_id=$2 AND thread_id=$3",
             ref.account_id,
             ref.agent_id,
             ref.thread_id,
         )
-        return None if row is None else Thread(ref, row["metadata"], row["deleted"])
+        if row is None:
+            return None
+        return Thread(ref, row["metadata"], row["deleted"], row["owner_user"])
 
     async def delete_thread(self, ref: ThreadRef) -> bool:
         """Flag the thread record deleted. Journal, summary and memory are kept."""

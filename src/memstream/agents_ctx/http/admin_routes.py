@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from memstream.agents_ctx.http.bodies import read_object
 from memstream.agents_ctx.http.deps import ServicesDep, services
 from memstream.agents_ctx.http.responses import JSONResponse
-from memstream.agents_ctx.http.threads_routes import open_thread
+from memstream.agents_ctx.http.threads_routes import journal_created
 from memstream.agents_ctx.validation import check_id, parse_append_body
 from memstream.errors import Unauthorized
 from memstream.schemas.records import ThreadRef
@@ -48,7 +48,9 @@ async def append(request: Request, svc: ServicesDep) -> JSONResponse:
     messages = parse_append_body({"messages": body.get("messages")}, user_id)
     await svc.accounts.ensure_account(ref.account_id)
     await svc.accounts.ensure_agent(ref.account_id, ref.agent_id)
-    await open_thread(svc, ref, None)
+    thread, created = await svc.threads.open_as_operator(ref, user_id)
+    if created:
+        await journal_created(svc, thread)
     appended = await svc.need_journal().append(ref, messages)
     return JSONResponse(
         {"appended": [{"offset": m.offset, "message_id": m.message_id} for m in appended]}

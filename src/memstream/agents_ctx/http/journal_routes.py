@@ -1,5 +1,5 @@
 """The journal tools over HTTP: ``POST .../journal/search`` and
-``GET .../journal/tool-calls/{tool_call_id}?offset=&length=``.
+``GET .../journal/tool-calls/{tool_call_id}?thread_id=&offset=&length=``.
 
 Agent surface only: these routes exist on the HTTP API and are never registered on the MCP
 gateway. Bodies and query strings are parsed by hand so every error names its field.
@@ -71,6 +71,7 @@ async def tool_call(
         offset=_query_int(request, "offset", 0),
         length=_query_int(request, "length", TOOL_VIEW_MAX_BYTES),
         journal=svc.need_journal(),
-        store=_store(svc),
+        threads=svc.threads,
+        thread_id=request.query_params.get("thread_id"),
     )
     return JSONResponse(page.to_dict())

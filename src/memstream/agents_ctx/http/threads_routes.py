@@ -2,7 +2,10 @@
 ``POST .../threads/{tid}/messages``, ``DELETE .../threads/{tid}``.
 
 An append is durable in the journal before it is answered. Agents and threads are created
-implicitly on first use; creating a thread also journals a ``thread.created`` event.
+implicitly on first use; creating a thread also journals a ``thread.created`` event. A
+thread belongs to the user who opened it (see ``agents_ctx.access``): for anyone else every
+route of it answers 404 ``not_found``; appending to a deleted thread is 404 too (it is
+revived only by ``POST .../threads`` with its id, by its owner).
 """
 
 from __future__ import annotations
@@ -15,36 +18,29 @@ from memstream.agents_ctx.http.bodies import read_json
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.services import Services
-from memstream.agents_ctx.validation import check_id, parse_append_body, parse_thread_body
+from memstream.agents_ctx.validation import parse_append_body, parse_thread_body
 from memstream.clock import epoch_ms
-from memstream.errors import InvalidRequest, NotFound
+from memstream.errors import InvalidRequest
+from memstream.infra.accounts import Thread
 from memstream.schemas.events import thread_event
-from memstream.schemas.records import Caller, JSONValue, ThreadRef
+from memstream.schemas.records import ThreadRef
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
 
 
-async def open_thread(
-    svc: Services, ref: ThreadRef, metadata: dict[str, JSONValue] | None
-) -> dict[str, JSONValue]:
-    """Create the thread if needed (journaling ``thread.created``); returns its metadata."""
-    if metadata is None:
-        thread, created = await svc.accounts.ensure_thread(ref)
-    else:
-        thread, created = await svc.accounts.create_thread(ref, metadata)
-    if created:
-        journal = svc.need_journal()
-        await journal.append_event(
-            thread_event(
-                "thread.created",
-                ref.account_id,
-                ref.agent_id,
-                ref.thread_id,
-                epoch_ms(svc.clock.now()),
-                {"metadata": thread.metadata},
-            )
+async def journal_created(svc: Services, thread: Thread) -> None:
+    """Journal ``thread.created`` for a thread whose record was just inserted."""
+    ref = thread.ref
+    await svc.need_journal().append_event(
+        thread_event(
+            "thread.created",
+            ref.account_id,
+            ref.agent_id,
+            ref.thread_id,
+            epoch_ms(svc.clock.now()),
+            {"metadata": thread.metadata},
         )
-    return thread.metadata
+    )
 
 
 @router.put("")
@@ -62,22 +58,22 @@ async def configure_agent(request: Request, caller: CallerDep, svc: ServicesDep)
 async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     thread_id, metadata = parse_thread_body(await read_json(request))
     ref = ThreadRef(caller.account_id, caller.agent_id, thread_id or uuid.uuid4().hex)
-    meta = await open_thread(svc, ref, metadata)
-    return JSONResponse({"thread_id": ref.thread_id, "metadata": meta}, status_code=201)
-
-
-def thread_ref(caller: Caller, thread_id: str) -> ThreadRef:
-    return ThreadRef(caller.account_id, caller.agent_id, check_id(thread_id, "thread_id"))
+    thread, created = await svc.threads.create(caller, ref, metadata or {})
+    if created:
+        await journal_created(svc, thread)
+    return JSONResponse({"thread_id": ref.thread_id, "metadata": thread.metadata}, status_code=201)
 
 
 @router.post("/threads/{thread_id}/messages", status_code=201)
 async def append_messages(
     request: Request, thread_id: str, caller: CallerDep, svc: ServicesDep
 ) -> JSONResponse:
-    ref = thread_ref(caller, thread_id)
+    ref = svc.threads.ref(caller, thread_id)
     messages = parse_append_body(await read_json(request), caller.user_id)
     journal = svc.need_journal()
-    await open_thread(svc, ref, None)
+    thread, created = await svc.threads.open(caller, ref)
+    if created:
+        await journal_created(svc, thread)
     appended = await journal.append(ref, messages)
     return JSONResponse(
         {
@@ -90,9 +86,8 @@ async def append_messages(
 
 @router.delete("/threads/{thread_id}", status_code=204)
 async def delete_thread(thread_id: str, caller: CallerDep, svc: ServicesDep) -> Response:
-    ref = thread_ref(caller, thread_id)
-    if not await svc.accounts.delete_thread(ref):
-        raise NotFound(f"no thread {ref.thread_id!r}", field="thread_id")
+    ref = svc.threads.ref(caller, thread_id)
+    await svc.threads.delete(caller, ref)
     await svc.need_journal().append_event(
         thread_event(
             "thread.deleted", ref.account_id, ref.agent_id, ref.thread_id, epoch_ms(svc.clock.now())

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import asyncpg
 
+from memstream.agents_ctx.access import MemoryBinding, require_memory
 from memstream.agents_ctx.memory import policy, ranking
 from memstream.agents_ctx.memory.entries import MemoryEntries
 from memstream.agents_ctx.memory.outbox import (
@@ -49,6 +50,7 @@ from memstream.agents_ctx.memory.outbox import (
 from memstream.agents_ctx.memory.ports import IndexHit, MemoryIndexPort
 from memstream.clock import Clock, epoch_ms
 from memstream.errors import InvalidRequest
+from memstream.infra.accounts import Accounts
 from memstream.schemas.events import encode, memory_event
 from memstream.schemas.limits import PIN_MAX_ENTRIES, PIN_MIN_IMPORTANCE
 from memstream.schemas.records import Caller, Category, MemoryEntry
@@ -160,8 +162,12 @@ class MemoryService:
         index: MemoryIndexPort | None = None,
         metrics: Metrics | None = None,
         index_timeout_s: float = INDEX_TIMEOUT_S,
+        binding: MemoryBinding | None = None,
     ) -> None:
         self._pool = pool
+        # the Memory binding is read through this (pass the surfaces' ``Accounts`` so that
+        # a PUT /v1/agents/{id} through them is seen at once)
+        self._binding: MemoryBinding = binding if binding is not None else Accounts(pool)
         self._index_timeout = index_timeout_s
         self._clock = clock
         self._index = index
@@ -179,7 +185,9 @@ class MemoryService:
         scope: object,
         importance: object = None,
     ) -> StoreResult:
-        """Validate, screen and write one entry (see ``policy`` for every rule)."""
+        """Validate, screen and write one entry (see ``policy`` for every rule).
+        ``MemoryNotBound`` (nothing written) on an agent without Memory bound."""
+        await require_memory(self._binding, caller)
         req = policy.check_store(
             key=key,
             content=content,
@@ -236,6 +244,7 @@ class MemoryService:
         """Delete the entries under ``key`` the caller can see (the agent's shared one and
         the caller's private one). True if a live entry was forgotten. Others' private
         entries under the same key are untouched."""
+        await require_memory(self._binding, caller)
         k = policy.validate_key(key)
         now = self._clock.now()
         async with self._pool.acquire() as conn, conn.transaction():
@@ -261,7 +270,9 @@ class MemoryService:
         category: object = None,
     ) -> RecallResult:
         """The caller's best entries for ``query``, boosted by importance, at most ``limit``
-        (default 5, capped at 20). Recall counters of the returned entries are updated."""
+        (default 5, capped at 20). Recall counters of the returned entries are updated.
+        ``MemoryNotBound`` on an agent without Memory bound."""
+        await require_memory(self._binding, caller)
         if not isinstance(query, str) or not query.strip():
             raise InvalidRequest("query must be a non-empty string", field="query")
         n = ranking.resolve_limit(limit)

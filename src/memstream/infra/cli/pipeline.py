@@ -48,7 +48,9 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     index = build_memory_index(s)
     stoppers.append(index.close)
     stack.memory_index = index
-    svc.memory = MemoryService(stack.pool, stack.clock, index, metrics=svc.metrics)
+    svc.memory = MemoryService(
+        stack.pool, stack.clock, index, metrics=svc.metrics, binding=svc.accounts
+    )
 
     store = store_from_settings(s)
     await store.ensure_schema()

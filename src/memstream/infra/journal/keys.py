@@ -8,7 +8,9 @@ unsigned 64-bit big-endian)::
     s | first_seq:u64                            -> a block of encoded Envelopes, seqs
                                                     first_seq, first_seq+1, ... (one per
                                                     group commit; the relay's log)
-    t | account | agent | tool_call_id          -> one ToolCallRecord
+    t | account | agent | tool_call_id | thread -> one ToolCallRecord (ids are only unique
+                                                    within a thread; a prefix scan without
+                                                    the thread finds every thread's record)
     w | name                                     -> journal metadata (relay watermark)
 
 Guarantees (tested with hypothesis):
@@ -106,19 +108,29 @@ def decode_seq_key(key: bytes) -> int:
 
 
 # --- tool calls --------------------------------------------------------------------------------
-def tool_call_key(account_id: str, agent_id: str, tool_call_id: str) -> bytes:
+def tool_call_prefix(account_id: str, agent_id: str, tool_call_id: str) -> bytes:
+    """The prefix of every thread's record of one tool-call id."""
     return TOOL_CALLS + _str(account_id) + _str(agent_id) + _str(tool_call_id)
 
 
-def decode_tool_call_key(key: bytes) -> tuple[str, str, str]:
+def tool_call_key(account_id: str, agent_id: str, tool_call_id: str, thread_id: str) -> bytes:
+    return tool_call_prefix(account_id, agent_id, tool_call_id) + _str(thread_id)
+
+
+def decode_tool_call_key(key: bytes) -> tuple[str, str, str, str | None]:
+    """(account, agent, tool_call_id, thread). The thread is None for a key written before
+    records were keyed by thread (its record carries the thread instead)."""
     if not key.startswith(TOOL_CALLS):
         raise ValueError("not a tool-call key")
     account, pos = _read_str(key, 1)
     agent, pos = _read_str(key, pos)
     call, pos = _read_str(key, pos)
+    if pos == len(key):
+        return account, agent, call, None
+    thread, pos = _read_str(key, pos)
     if pos != len(key):
         raise ValueError("trailing bytes after tool-call key")
-    return account, agent, call
+    return account, agent, call, thread
 
 
 # --- metadata --------------------------------------------------------------------------------

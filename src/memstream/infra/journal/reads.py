@@ -37,6 +37,8 @@ from memstream.schemas.records import Message, ThreadRef
 _ALL = KeyRange(start=None, start_inclusive=False, end=None, end_inclusive=False)
 _READ = ReadOptions(durability_filter=DurabilityLevel.REMOTE, dirty=False, cache_blocks=True)
 _SCAN_BATCH = 256
+TOOL_CALL_SCAN_MAX = 1_000
+"""At most this many threads' records of one tool-call id are read by one lookup."""
 
 
 def _scan_options(order: IterationOrder, read_ahead: int = 64 * 1024) -> ScanOptions:
@@ -143,13 +145,27 @@ class JournalReads:
 
     # --- tool calls ----------------------------------------------------------------------------
     async def tool_call(
-        self, account_id: str, agent_id: str, tool_call_id: str
+        self, account_id: str, agent_id: str, tool_call_id: str, thread_id: str
     ) -> ToolCallRecord | None:
-        """The stored tool call of this account/agent with this id, or None."""
+        """The stored tool call with this id in this thread of this account/agent, or None."""
         raw = await self._get(
-            keys.tool_call_key(account_id, agent_id, tool_call_id), "reading a tool call"
+            keys.tool_call_key(account_id, agent_id, tool_call_id, thread_id),
+            "reading a tool call",
         )
         return None if raw is None else decode_tool_call(raw)
+
+    async def tool_calls(
+        self, account_id: str, agent_id: str, tool_call_id: str, limit: int = TOOL_CALL_SCAN_MAX
+    ) -> list[ToolCallRecord]:
+        """Every thread's record of this tool-call id (at most ``limit``), by thread id."""
+        rows = await self._scan(
+            keys.tool_call_prefix(account_id, agent_id, tool_call_id),
+            _ALL,
+            limit=limit,
+            descending=False,
+            doing="reading tool calls",
+        )
+        return [decode_tool_call(kv.value) for kv in rows]
 
     # --- the global sequence (for the relay) ---------------------------------------------------
     async def read_seq(self, after_seq: int, limit: int) -> list[tuple[int, bytes]]:

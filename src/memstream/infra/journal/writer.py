@@ -636,12 +636,15 @@ class Journal(JournalReads):
         ``tool`` message carries. Returns the number of puts added."""
         puts = 0
         for call in msg.tool_calls if msg.role == "assistant" else ():
-            key = keys.tool_call_key(msg.account_id, msg.agent_id, call.id)
+            key = keys.tool_call_key(msg.account_id, msg.agent_id, call.id, msg.thread_id)
             prior_rec = await self._staged_or_stored(key, staged, prior)
+            # a result that arrived before its call is kept; an earlier call that reused the
+            # id in this thread is replaced whole (its result is not the new call's)
+            early = prior_rec is not None and prior_rec.name is None
             rec = ToolCallRecord(
                 name=call.name,
                 arguments=call.arguments,
-                result=prior_rec.result if prior_rec else None,
+                result=prior_rec.result if early and prior_rec else None,
                 thread_id=msg.thread_id,
                 offset=msg.offset,
             )
@@ -649,7 +652,7 @@ class Journal(JournalReads):
             wb.put(key, encode_tool_call(rec))
             puts += 1
         if msg.role == "tool" and msg.tool_call_id:
-            key = keys.tool_call_key(msg.account_id, msg.agent_id, msg.tool_call_id)
+            key = keys.tool_call_key(msg.account_id, msg.agent_id, msg.tool_call_id, msg.thread_id)
             prior_rec = await self._staged_or_stored(key, staged, prior)
             rec = (
                 replace(prior_rec, result=msg.content)
@@ -671,8 +674,9 @@ class Journal(JournalReads):
             return staged[key]
         if key in prior:
             return prior[key]
-        account, agent, call_id = keys.decode_tool_call_key(key)
-        return await self.tool_call(account, agent, call_id)
+        account, agent, call_id, thread = keys.decode_tool_call_key(key)
+        assert thread is not None  # the writer only writes keys with a thread
+        return await self.tool_call(account, agent, call_id, thread)
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def close(self) -> None:

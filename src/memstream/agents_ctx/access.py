@@ -1,0 +1,166 @@
+"""Access control for the agent surfaces, in one place: who may touch a thread, and which
+agents may use the memory tools.
+
+Every surface (HTTP routes, the MCP tools, the Python client through HTTP, the
+pre-compaction flush) goes through this module; nothing else decides.
+
+**Threads.** A thread opened by a user belongs to that user; a thread opened without a user
+is shared by the agent. The owner is recorded once, when the thread's row is inserted in
+Postgres (the authority, written before the journal append), and never changes. For any
+other caller, and for a caller without a user, every route of someone's thread (context,
+summary, append, delete, create, tool-call view, sub-agent delegation from it) answers
+``NotFound`` exactly as for a thread that does not exist: nothing is revealed. A deleted
+thread is ``NotFound`` on every route too, appending included (it is never silently
+revived; ``POST .../threads`` with its id revives it explicitly, for its owner).
+
+The check is cheap: thread records are cached per thread (bounded). The owner never
+changes, so a cached owner is never wrong; the ``deleted`` flag and the metadata are
+refreshed after ``ttl_s`` (a delete made by another API process is seen within that time;
+one made through this process at once).
+
+**Memory binding.** The three memory tools need the Memory capability bound to the agent
+(``PUT /v1/agents/{id} {"memory": true}``): without it they raise
+:class:`~memstream.errors.MemoryNotBound` (HTTP 403 ``memory_not_bound``), so no agent
+memory is created from any path. Pinned facts still load without Memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Final, Protocol
+
+from memstream.agents_ctx.validation import check_id
+from memstream.errors import MemoryNotBound, NotFound
+from memstream.infra.accounts import Accounts, Thread
+from memstream.schemas.records import Caller, JSONObject, ThreadRef
+
+THREAD_CACHE_TTL_S: Final = 2.0
+THREAD_CACHE_MAX: Final = 100_000
+
+
+# --- pure rules ----------------------------------------------------------------------------
+def may_use_thread(owner: str | None, user_id: str | None) -> bool:
+    """A shared thread (no owner) is everyone's; an owned one is its owner's alone."""
+    return owner is None or owner == user_id
+
+
+def not_found(thread_id: str, field: str = "thread_id") -> NotFound:
+    """The one answer for a thread the caller may not see: the same as for no thread."""
+    return NotFound(f"no thread {thread_id!r}", field=field)
+
+
+# --- threads --------------------------------------------------------------------------------
+class ThreadAccess:
+    """Every thread route's check, over the Postgres thread records (cached)."""
+
+    def __init__(
+        self,
+        accounts: Accounts,
+        *,
+        ttl_s: float = THREAD_CACHE_TTL_S,
+        max_size: int = THREAD_CACHE_MAX,
+    ) -> None:
+        self._accounts = accounts
+        self._ttl = ttl_s
+        self._max = max_size
+        self._cache: OrderedDict[ThreadRef, tuple[Thread, float]] = OrderedDict()
+
+    def ref(self, caller: Caller, thread_id: object, field: str = "thread_id") -> ThreadRef:
+        return ThreadRef(caller.account_id, caller.agent_id, check_id(thread_id, field))
+
+    async def _record(self, ref: ThreadRef) -> Thread | None:
+        hit = self._cache.get(ref)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        thread = await self._accounts.get_thread(ref)
+        if thread is not None:
+            self._remember(thread, now)
+        return thread
+
+    def _remember(self, thread: Thread, now: float | None = None) -> None:
+        at = time.monotonic() if now is None else now
+        self._cache[thread.ref] = (thread, at + self._ttl)
+        self._cache.move_to_end(thread.ref)
+        while len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+
+    async def readable(
+        self, caller: Caller, ref: ThreadRef, field: str = "thread_id"
+    ) -> Thread | None:
+        """The thread if ``caller`` may read it; None if it was never opened (there is
+        nothing to see). ``NotFound`` if it is someone else's or deleted."""
+        thread = await self._record(ref)
+        if thread is None:
+            return None
+        if thread.deleted or not may_use_thread(thread.owner, caller.user_id):
+            raise not_found(ref.thread_id, field)
+        return thread
+
+    async def visible(self, caller: Caller, ref: ThreadRef) -> bool:
+        """``readable`` as a yes/no (a thread with no record counts as shared)."""
+        try:
+            await self.readable(caller, ref)
+        except NotFound:
+            return False
+        return True
+
+    async def open(self, caller: Caller, ref: ThreadRef) -> tuple[Thread, bool]:
+        """The thread an append goes to, opened for ``caller`` if it has no record yet.
+        Returns (thread, created). ``NotFound`` if it is someone else's or deleted."""
+        thread = await self._record(ref)
+        created = False
+        if thread is None:
+            thread, created = await self._accounts.open_thread(ref, caller.user_id)
+            self._remember(thread)
+        if thread.deleted or not may_use_thread(thread.owner, caller.user_id):
+            raise not_found(ref.thread_id)
+        return thread, created
+
+    async def open_as_operator(self, ref: ThreadRef, owner: str | None) -> tuple[Thread, bool]:
+        """The operator's append (``memstream produce``): opened for ``owner`` if new, any
+        owner accepted; a deleted thread is still ``NotFound``."""
+        thread = await self._record(ref)
+        created = False
+        if thread is None:
+            thread, created = await self._accounts.open_thread(ref, owner)
+            self._remember(thread)
+        if thread.deleted:
+            raise not_found(ref.thread_id)
+        return thread, created
+
+    async def create(
+        self, caller: Caller, ref: ThreadRef, metadata: JSONObject
+    ) -> tuple[Thread, bool]:
+        """``POST .../threads``: create, return the existing one, or revive a deleted one
+        with ``metadata``, for its owner. ``NotFound`` (nothing changed) for someone else's."""
+        thread, created = await self._accounts.create_thread(ref, metadata, caller.user_id)
+        if thread is None:
+            raise not_found(ref.thread_id)
+        self._remember(thread)
+        return thread, created
+
+    async def delete(self, caller: Caller, ref: ThreadRef) -> None:
+        """Flag the thread deleted. ``NotFound`` if there is none the caller may delete."""
+        thread = await self.readable(caller, ref)
+        self._cache.pop(ref, None)
+        if thread is None or not await self._accounts.delete_thread(ref):
+            raise not_found(ref.thread_id)
+
+
+# --- the Memory binding -----------------------------------------------------------------------
+class MemoryBinding(Protocol):
+    """Where the Memory capability is read (``Accounts``, cached briefly)."""
+
+    async def memory_bound(self, account_id: str, agent_id: str) -> bool: ...
+
+
+async def require_memory(binding: MemoryBinding, caller: Caller) -> None:
+    """``MemoryNotBound`` unless the agent has the Memory capability bound."""
+    if not await binding.memory_bound(caller.account_id, caller.agent_id):
+        raise MemoryNotBound(
+            f"agent {caller.agent_id!r} does not have Memory bound: the memory tools need "
+            'PUT /v1/agents/{agent_id} {"memory": true}',
+            field="agent_id",
+        )
