@@ -141,6 +141,10 @@ class ThreadAccess:
         self._remember(thread)
         return thread, created
 
+    def forget(self, ref: ThreadRef) -> None:
+        """Drop the cached record of ``ref`` (erasure changed it behind this cache)."""
+        self._cache.pop(ref, None)
+
     async def delete(self, caller: Caller, ref: ThreadRef) -> None:
         """Flag the thread deleted. ``NotFound`` if there is none the caller may delete."""
         thread = await self.readable(caller, ref)

@@ -15,6 +15,7 @@ from memstream.clock import Clock, SystemClock
 from memstream.errors import InfraError
 
 if TYPE_CHECKING:
+    from memstream.agents_ctx.erasure import Erasures
     from memstream.agents_ctx.memory.store import MemoryService
     from memstream.infra.accounts import Accounts
     from memstream.infra.journal import Journal
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from memstream.infra.metrics import Metrics
     from memstream.infra.settings import Settings
     from memstream.infra.summary_store import SummaryStore
+    from memstream.projections.memory_index import MemoryIndex
     from memstream.projections.messages import MessageStore
     from memstream.projections.positions import Positions
     from memstream.projections.replay_hub import ReplayHub
@@ -41,6 +43,8 @@ class Services:
     memory: MemoryService | None = None  # agent memory tools (Postgres + index)
     positions: Positions | None = None  # read-your-writes watermarks of the live projectors
     replays: ReplayHub | None = None  # projection rebuilds (POST /admin/replay/...)
+    memory_index: MemoryIndex | None = None  # the recall index, for erasure's direct deletes
+    erasures: Erasures | None = None  # erasure of threads and users (POST .../erase)
     _threads: ThreadAccess | None = field(default=None, repr=False)
 
     @property

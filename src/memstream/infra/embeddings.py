@@ -236,6 +236,17 @@ class SqliteEmbeddingStore:
             )
             self._db.execute("COMMIT")
 
+    def delete_many(self, hashes: list[str]) -> int:
+        """Forget the vectors of these content hashes (every model and kind): erasure."""
+        gone = 0
+        with self._lock:
+            for i in range(0, len(hashes), 500):
+                chunk = hashes[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                cur = self._db.execute(f"DELETE FROM embeddings WHERE hash IN ({marks})", chunk)
+                gone += cur.rowcount
+        return gone
+
     def count(self) -> int:
         with self._lock:
             row = self._db.execute("SELECT count(*) FROM embeddings").fetchone()
@@ -315,6 +326,20 @@ class CachingEmbedder:
             if self._store is not None:
                 await asyncio.to_thread(self._store.put_many, self.model, kind, new)
         return [found[h] for h in hashes]
+
+    async def forget(self, texts: list[str]) -> int:
+        """Drop the cached vectors of ``texts`` from both tiers (erasure: a vector is derived
+        from the text). Returns how many cached vectors went."""
+        hashes = list(dict.fromkeys(content_hash(t) for t in texts))
+        gone = 0
+        for kind in ("passage", "query"):
+            for h in hashes:
+                if self._lru.pop((kind, h), None) is not None:
+                    gone += 1
+        if self._store is not None and hashes:
+            stored = await asyncio.to_thread(self._store.delete_many, hashes)
+            gone = max(gone, stored)
+        return gone
 
     def _remember(self, kind: str, h: str, v: list[float]) -> None:
         self._lru[(kind, h)] = v

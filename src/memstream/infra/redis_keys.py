@@ -46,3 +46,9 @@ def watermark(ref: ThreadRef) -> str:
 def message_claim(ref: ThreadRef, offset: int) -> str:
     """Per-message side-effect claim of the counters processor."""
     return _k(ref, f"counted:{offset}")
+
+
+def thread_pattern(ref: ThreadRef) -> str:
+    """A SCAN ``MATCH`` pattern for every key of one thread (glob characters escaped)."""
+    tag = "".join("\\" + c if c in "*?[]\\" else c for c in ref.key)
+    return f"{PREFIX}:{{{tag}}}:*"

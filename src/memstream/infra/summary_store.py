@@ -218,3 +218,28 @@ class SummaryStore:
             )
         except RedisError as e:
             log.warning("summary cache write failed for %s: %s", ref.key, e)
+
+    # --- erasure -------------------------------------------------------------------------------
+    async def erase(self, ref: ThreadRef) -> tuple[int, int]:
+        """Delete every summary object of the thread (``summary.json`` and the versions) and
+        every Redis key of the thread (cache, lock, counters, guard, watermark, claims).
+        Returns (objects, Redis keys) deleted; idempotent."""
+        objects = 0
+        try:
+            async for batch in obstore.list(self._store, prefix=thread_folder(ref) + "/"):
+                for meta in batch:
+                    try:
+                        await obstore.delete_async(self._store, meta["path"])
+                        objects += 1
+                    except NotFoundError:
+                        pass  # deleted meanwhile (another run of the same erasure)
+        except Exception as e:
+            raise RetryableInfraError(f"object store erase failed: {e}") from e
+        redis_deleted = 0
+        try:
+            found = [k async for k in self._redis.scan_iter(match=redis_keys.thread_pattern(ref))]
+            if found:
+                redis_deleted = int(await self._redis.delete(*found))
+        except RedisError as e:
+            raise RetryableInfraError(f"Redis erase failed: {e}") from e
+        return objects, redis_deleted

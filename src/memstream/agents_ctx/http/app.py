@@ -16,6 +16,7 @@ from memstream.agents_ctx.http import (
     admin_routes,
     context_routes,
     entries_routes,
+    erasure_routes,
     errors,
     journal_routes,
     memory_routes,
@@ -73,5 +74,6 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(summary_routes.router)
     app.include_router(memory_routes.router)
     app.include_router(entries_routes.router)
+    app.include_router(erasure_routes.router)
     app.include_router(context_routes.router)
     return app

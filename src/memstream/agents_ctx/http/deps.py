@@ -14,12 +14,27 @@ from fastapi import Depends, Header, Path, Request
 from memstream.agents_ctx.services import Services
 from memstream.agents_ctx.validation import check_id
 from memstream.errors import Unauthorized
+from memstream.infra.accounts import KeyInfo
 from memstream.schemas.records import Caller
 
 
 def services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
+
+
+async def key_info(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> KeyInfo:
+    """The API key's account and admin flag (routes without an agent in the path)."""
+    svc = services(request)
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise Unauthorized("send 'Authorization: Bearer <api key>'", field="Authorization")
+    key = authorization[7:].strip()
+    info = await svc.accounts.key_info(key) if key else None
+    if info is None:
+        raise Unauthorized("unknown or revoked API key", field="Authorization")
+    return info
 
 
 async def caller(
@@ -29,12 +44,7 @@ async def caller(
     x_memstream_user: Annotated[str | None, Header()] = None,
 ) -> Caller:
     svc = services(request)
-    if not authorization or not authorization.lower().startswith("bearer "):
-        raise Unauthorized("send 'Authorization: Bearer <api key>'", field="Authorization")
-    key = authorization[7:].strip()
-    info = await svc.accounts.key_info(key) if key else None
-    if info is None:
-        raise Unauthorized("unknown or revoked API key", field="Authorization")
+    info = await key_info(request, authorization)
     account_id = info.account_id
     check_id(agent_id, "agent_id")
     user_id = None
@@ -46,3 +56,4 @@ async def caller(
 
 ServicesDep = Annotated[Services, Depends(services)]
 CallerDep = Annotated[Caller, Depends(caller)]
+KeyDep = Annotated[KeyInfo, Depends(key_info)]

@@ -3,6 +3,8 @@ Postgres (the rules are in ``editing.py`` and ``policy.py``).
 
 Guarantees:
 
+- **Memory binding**: ``PATCH`` and import need the Memory capability bound, like
+  ``memory_store`` (``403 memory_not_bound``); browse, get and export do not.
 - **Same rules as the memory tools**: an edit or an imported line is screened, length
   checked, forced private when sensitive and capacity checked, under the agent's advisory
   lock (``outbox.lock_agent``), so concurrent stores cannot push a category past its limit.
@@ -26,6 +28,7 @@ from typing import Final, Literal
 import asyncpg
 import orjson
 
+from memstream.agents_ctx.access import MemoryBinding, require_memory
 from memstream.agents_ctx.memory import editing, policy
 from memstream.agents_ctx.memory.editing import Cursor, View
 from memstream.agents_ctx.memory.outbox import (
@@ -117,9 +120,12 @@ def _where(view: View, filters: Filters, cursor: Cursor | None, args: list[objec
 class MemoryEntries:
     """Owning memory: the entries routes (HTTP, CLI and client go through these)."""
 
-    def __init__(self, pool: asyncpg.Pool, clock: Clock) -> None:
+    def __init__(self, pool: asyncpg.Pool, clock: Clock, binding: MemoryBinding) -> None:
         self._pool = pool
         self._clock = clock
+        # writes (PATCH, import) need Memory bound, like memory_store; reads (browse, get,
+        # export) do not, so a user can always see and take what was stored about them
+        self._binding = binding
 
     # --- browse ---------------------------------------------------------------------------
     async def list(
@@ -175,6 +181,7 @@ class MemoryEntries:
     async def patch(
         self, caller: Caller, view: View, key: object, body: dict[str, object]
     ) -> EditResult:
+        await require_memory(self._binding, caller)
         now = self._clock.now()
         patch = editing.parse_patch(body, now)
         current = await self.get(caller, view, key)
@@ -222,6 +229,7 @@ class MemoryEntries:
     async def import_lines(self, caller: Caller, lines: AsyncIterable[bytes]) -> ImportReport:
         """Each non-blank line through ``memory_store``'s rules, idempotent by key and
         content hash; bad lines are reported, not fatal."""
+        await require_memory(self._binding, caller)
         report = ImportReport()
         number = 0
         async with self._pool.acquire() as conn:

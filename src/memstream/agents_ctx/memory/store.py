@@ -172,7 +172,7 @@ class MemoryService:
         self._clock = clock
         self._index = index
         self._metrics = metrics
-        self.entries = MemoryEntries(pool, clock)
+        self.entries = MemoryEntries(pool, clock, self._binding)
         """Browse, edit, export and import (the entries routes)."""
 
     # --- memory_store ---------------------------------------------------------------------

@@ -48,6 +48,7 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     index = build_memory_index(s)
     stoppers.append(index.close)
     stack.memory_index = index
+    svc.memory_index = index
     svc.memory = MemoryService(
         stack.pool, stack.clock, index, metrics=svc.metrics, binding=svc.accounts
     )

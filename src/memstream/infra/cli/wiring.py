@@ -117,6 +117,13 @@ class Stack:
         self._stoppers.extend(await build_adapters(self))
         if self.pipeline or self.processors != []:
             self._stoppers.extend(await start_pipeline(self))
+        if self.journal is not None:  # erasure runs beside the journal's single writer
+            from memstream.agents_ctx.erasure import Erasures
+
+            erasures = Erasures(self.services)
+            self.services.erasures = erasures
+            self._stoppers.append(erasures.close)
+            await erasures.resume()  # finish erasures a crash interrupted
         if self.api:
             await self._start_api()
 

@@ -113,6 +113,11 @@ def tool_call_prefix(account_id: str, agent_id: str, tool_call_id: str) -> bytes
     return TOOL_CALLS + _str(account_id) + _str(agent_id) + _str(tool_call_id)
 
 
+def agent_tool_calls_prefix(account_id: str, agent_id: str) -> bytes:
+    """The prefix of every tool-call key of one agent (erasure scans it)."""
+    return TOOL_CALLS + _str(account_id) + _str(agent_id)
+
+
 def tool_call_key(account_id: str, agent_id: str, tool_call_id: str, thread_id: str) -> bytes:
     return tool_call_prefix(account_id, agent_id, tool_call_id) + _str(thread_id)
 

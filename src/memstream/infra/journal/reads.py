@@ -53,6 +53,8 @@ def _scan_options(order: IterationOrder, read_ahead: int = 64 * 1024) -> ScanOpt
 
 
 _ASC = _scan_options(IterationOrder.ASCENDING)
+ASCENDING = _ASC
+ALL_KEYS = _ALL
 _DESC = _scan_options(IterationOrder.DESCENDING, read_ahead=16 * 1024)
 
 

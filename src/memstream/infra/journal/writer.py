@@ -55,6 +55,7 @@ from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InvalidRequest, JournalError, JournalFenced, JournalUnavailable
 from memstream.infra.journal import fastpath, keys
 from memstream.infra.journal.codec import ToolCallRecord, encode_seq_block, encode_tool_call
+from memstream.infra.journal.erase import ErasedJournal, erase_threads
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.infra.journal.reads import JournalReads
 from memstream.infra.metrics import Metrics
@@ -197,6 +198,7 @@ class Journal(JournalReads):
         self._closing = False
         self.stats = JournalStats()
         self._on_durable: list[Callable[[], None]] = []
+        self._erase_lock = asyncio.Lock()
         self._task = asyncio.create_task(self._run(), name="journal-committer")
 
     @classmethod
@@ -312,6 +314,19 @@ class Journal(JournalReads):
         seq = await self._submit(req)
         assert isinstance(seq, int)
         return seq
+
+    async def erase_threads(self, refs: Sequence[ThreadRef]) -> ErasedJournal:
+        """Remove the messages, tool calls and sequence-log envelopes of ``refs`` (erasure;
+        see ``journal/erase.py``). Durable on return, idempotent; erasures run one at a
+        time (they rewrite sequence blocks), appends go on meanwhile."""
+        self._check_open()
+        async with self._erase_lock:
+            try:
+                return await erase_threads(self._wdb, refs, self._make_durable)
+            except SLATE_FAILURES as e:
+                err = translate(e, "erasing threads")
+                self._on_failure(err)
+                raise err from e
 
     async def set_relay_watermark(self, seq: int) -> None:
         """Record that the relay published everything up to ``seq`` (never moves backwards)."""

@@ -23,11 +23,13 @@ from memstream.projections.memory_index.layout import (
     RecallScope,
     collection_name,
     document_text,
+    identity_of,
     payload_of,
 )
 from memstream.projections.memory_index.port import IndexBackend, IndexPoint, SparseVec
 from memstream.projections.memory_index.rules import Delete, IndexOp, Upsert, runs
 from memstream.schemas.limits import RECALL_MAX_LIMIT
+from memstream.schemas.records import MemoryEntry
 
 
 class MemoryIndex:
@@ -116,6 +118,18 @@ class MemoryIndex:
             await asyncio.to_thread(optimize, name)
             done.append(name)
         return done
+
+    async def erase(self, tombstones: list[MemoryEntry]) -> tuple[int, int]:
+        """Erasure: delete the points of these deleted entries (each with its tombstone
+        version, so the version rule holds) and their cached embeddings. Returns (points
+        asked to delete, cached vectors dropped)."""
+        ops: list[IndexOp] = [Delete(identity_of(e), e.version) for e in tombstones]
+        points = await self.apply(ops)
+        forget = getattr(self.embedder, "forget", None)
+        cached = 0
+        if forget is not None and tombstones:
+            cached = int(await forget([document_text(e) for e in tombstones]))
+        return points, cached
 
     async def _delete(self, dels: list[Delete]) -> int:
         by_coll: dict[str, list[tuple[str, int]]] = defaultdict(list)

@@ -227,6 +227,19 @@ def _quote(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def erase_thread_sql(
+    database: str, table: str, account_id: str, agent_id: str, thread_id: str
+) -> str:
+    """Delete one thread's rows of ``table`` synchronously (erasure). Values are quoted
+    here because mutations take no query parameters."""
+    db = check_database(database)
+    return (
+        f"ALTER TABLE {db}.{table} DELETE WHERE account_id = {_quote(account_id)} "
+        f"AND agent_id = {_quote(agent_id)} AND thread_id = {_quote(thread_id)} "
+        "SETTINGS mutations_sync = 2"
+    )
+
+
 def bind_for_text(params: Mapping[str, SqlParam]) -> dict[str, str]:
     return {k: literal(v) for k, v in params.items()}
 

@@ -43,6 +43,7 @@ from memstream.projections.messages.sql import (
     check_database,
     count_sql,
     ddl,
+    erase_thread_sql,
     journal_batch_sql,
     search_sql,
     thread_visible_sql,
@@ -170,6 +171,27 @@ class MessageStore:
             {"account_id": account_id, "agent_id": agent_id, "thread_id": thread_id},
         )
         return int(str(rows[0][0])), int(str(rows[0][1]))
+
+    # --- erasure -------------------------------------------------------------------------------
+    async def erase_thread(self, account_id: str, agent_id: str, thread_id: str) -> int:
+        """Delete every row of one thread (messages and owners), synchronously; returns the
+        message rows that were stored. Idempotent."""
+        stored, _ = await self.thread_row_counts(account_id, agent_id, thread_id)
+        for table in ("messages", "thread_users"):
+            await self.engine.command(
+                erase_thread_sql(self.database, table, account_id, agent_id, thread_id)
+            )
+        return stored
+
+    async def threads_of_user(self, account_id: str, user_id: str) -> list[tuple[str, str]]:
+        """(agent, thread) of every thread of the account the user wrote in."""
+        rows = await self.engine.rows(
+            f"SELECT DISTINCT agent_id, thread_id FROM {self.database}.thread_users "
+            "WHERE account_id = {account_id:String} AND user_id = {user_id:String} "
+            "ORDER BY agent_id, thread_id",
+            {"account_id": account_id, "user_id": user_id},
+        )
+        return [(str(r[0]), str(r[1])) for r in rows]
 
     async def optimize(self) -> None:
         """Force merges now (collapses duplicates on disk). For operators and tests; search

