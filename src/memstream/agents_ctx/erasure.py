@@ -256,7 +256,10 @@ class Erasures:
             "ORDER BY agent_id, thread_id",
             e.erasure_id,
         )
-        return [ThreadRef(e.account_id, r["agent_id"], r["thread_id"]) for r in rows]
+        refs = [ThreadRef(e.account_id, r["agent_id"], r["thread_id"]) for r in rows]
+        if self._svc.message_store is not None:  # the projection drops them from now on
+            self._svc.message_store.erased.add(refs)
+        return refs
 
     async def _count(self, erasure_id: str, counts: Mapping[str, int]) -> None:
         """Add to the erasure's per-store counts (progress, visible while running)."""

@@ -70,7 +70,9 @@ class MessagesSink:
         return {}
 
     def store(self, generation: int) -> MessageStore:
-        return MessageStore(self.live.engine, database_of(self.base, generation))
+        return MessageStore(
+            self.live.engine, database_of(self.base, generation), erased=self.live.erased
+        )
 
     async def prepare(self, generation: int, *, fresh: bool) -> None:
         target = self.store(generation)

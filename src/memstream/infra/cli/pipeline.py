@@ -58,6 +58,11 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     close = getattr(store, "close", None)
     if close is not None:
         stoppers.append(close)
+    # the registry of erased threads the projection never writes again (docs/owning-memory.md)
+    from memstream.projections.erased import ErasedThreads
+
+    store.erased = ErasedThreads(stack.pool)
+    await store.erased.load()
     svc.message_store = store
 
     svc.summary_store = SummaryStore(open_object_store(s), stack.redis)

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 import pyarrow.compute as pc
 
 from memstream.errors import PermanentInfraError, RetryableInfraError
+from memstream.projections.erased import ErasedThreads
 from memstream.projections.messages.engine import ClickHouseEngine
 from memstream.projections.messages.rows import (
     MessageRow,
@@ -68,9 +69,16 @@ class SearchHit:
 class MessageStore:
     """The ClickHouse message table of one deployment."""
 
-    def __init__(self, engine: ClickHouseEngine, database: str = DEFAULT_DATABASE) -> None:
+    def __init__(
+        self,
+        engine: ClickHouseEngine,
+        database: str = DEFAULT_DATABASE,
+        erased: ErasedThreads | None = None,
+    ) -> None:
         self.engine = engine
         self.database = check_database(database)
+        # erased threads are never written again, whatever the source (live or replay)
+        self.erased = erased if erased is not None else ErasedThreads()
 
     async def ensure_schema(self) -> None:
         """Create the database and tables if missing (idempotent)."""
@@ -78,7 +86,11 @@ class MessageStore:
             await self.engine.command(stmt)
 
     async def write(self, rows: Sequence[MessageRow]) -> int:
-        """Insert a batch; returns the message rows written. Durable on return."""
+        """Insert a batch; returns the message rows written. Durable on return. Rows of
+        erased threads are dropped."""
+        if len(self.erased):
+            await self.erased.refresh()
+            rows = [r for r in rows if (r.account_id, r.agent_id, r.thread_id) not in self.erased]
         if not rows:
             return 0
         owners = thread_users_table(rows)
@@ -94,8 +106,11 @@ class MessageStore:
         was written, or None -- having written nothing -- when the batch does not parse
         strictly, when any record is not in the canonical form the SQL checks, or when the
         records do not map one to one onto parsed rows: the caller then takes the Python
-        path, which dead-letters exactly the bad records.
+        path, which dead-letters exactly the bad records. Records of erased threads are
+        dropped first.
         """
+        await self.erased.refresh()
+        values = self.erased.keep_values(values)
         if not values or not all(v[:1] == b"{" and v[-1:] == b"}" for v in values):
             return None
         try:
