@@ -6,24 +6,26 @@ errors that name the field."""
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
-from memstream.agents_ctx.mcp_server import TOOL_NAMES, build_mcp_server
+from memstream.agents_ctx.http.app import create_app
+from memstream.agents_ctx.mcp_server import TOOL_NAMES, local_mcp_server
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import FixedClock
 from memstream.infra.accounts import Accounts
-from memstream.infra.postgres import create_pool, migrate
 from memstream.schemas.records import Caller
-from tests.fixtures.stores import fresh_database
+from tests.fixtures.api import ApiStack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -45,7 +47,8 @@ async def gateway(
     accounts = Accounts(memory._pool)
     await accounts.ensure_account("acme")
     await accounts.configure_agent("acme", agent, memory=bound)
-    async with Client(build_mcp_server(memory, "acme", agent, user), mode="legacy") as client:
+    server = local_mcp_server(memory, Caller("acme", agent, user))
+    async with Client(server, mode="legacy") as client:
         yield client, agent
 
 
@@ -155,7 +158,8 @@ async def refused_calls_name_the_field_and_write_nothing(
             "importance": 2,
         },
     )
-    assert bad.is_error and "importance" in bad.content[0].text
+    # the memory rules' code and field, not a raw schema-validation message
+    assert bad.is_error and "invalid_request (field: importance)" in bad.content[0].text
     inj = await client.call_tool(
         "memory_store",
         {
@@ -198,35 +202,126 @@ async def test_an_agent_without_memory_bound_gets_memory_not_bound(memory: Memor
         assert await memory.list_visible(Caller("acme", agent, "alice")) == []
 
 
-async def test_stdio_transport_in_a_subprocess(pg_dsn: str, tmp_path: Path) -> None:
-    """``python -m memstream.agents_ctx.mcp_server`` over stdio, as an MCP host runs it."""
-    dsn = await fresh_database(pg_dsn)
-    pool = await create_pool(dsn)
+# --- the API process's endpoint and the stdio bridge ---------------------------------------------
+@asynccontextmanager
+async def http_session(
+    app: Any, key: str, agent: str, user: str | None = None, base: str = "http://memstream.test"
+) -> AsyncIterator[Client]:
+    """A real MCP client session over streamable HTTP to ``/v1/agents/{agent}/mcp``."""
+    headers = {"Authorization": f"Bearer {key}"} | ({"X-Memstream-User": user} if user else {})
+    transport = httpx2.ASGITransport(app=app) if app is not None else None
+    async with httpx2.AsyncClient(transport=transport, headers=headers, timeout=30) as http:
+        url = f"{base}/v1/agents/{agent}/mcp"
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as c:
+            yield c
+
+
+async def test_the_api_serves_mcp_with_the_same_key_user_and_rules(api_stack: ApiStack) -> None:
+    svc = api_stack.services
+    saved = svc.memory
+    memory = svc.memory = MemoryService(api_stack.pool, api_stack.clock, binding=svc.accounts)
+    app = create_app(svc)
+    agent = f"mcp{next(_agents)}"
+    await svc.accounts.configure_agent("acme", agent, memory=True)
     try:
-        await migrate(pool)
-        await Accounts(pool).create_key("acme")
-        await Accounts(pool).configure_agent("acme", "gw", memory=True)
-        params = StdioServerParameters(
-            command=sys.executable,
-            args=["-m", "memstream.agents_ctx.mcp_server", "--account", "acme", "--agent", "gw"],
-            env={"MEMSTREAM_POSTGRES_DSN": dsn, "MEMSTREAM_DATA_DIR": str(tmp_path)},
-        )
-        async with Client(params, mode="legacy") as client:
-            names = sorted(t.name for t in (await client.list_tools()).tools)
-            assert names == sorted(TOOL_NAMES)
+        # no key, a wrong key: 401 before any MCP processing
+        async with httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url="http://memstream.test"
+        ) as raw:
+            ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+            for headers in ({}, {"Authorization": "Bearer msk_wrong"}):
+                r = await raw.post(f"/v1/agents/{agent}/mcp", json=ping, headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        async with http_session(app, api_stack.key, agent) as anon:
+            await check_tools(anon)
+            await store_recall_forget_through_a_session(anon, agent, memory)
+            await refused_calls_name_the_field_and_write_nothing(anon, agent, memory)
+        async with http_session(app, api_stack.key, agent, "alice") as alice:
             r = structured(
-                await client.call_tool(
+                await alice.call_tool(
                     "memory_store",
                     {
-                        "key": "k",
-                        "content": "likes tea",
+                        "key": "diet",
+                        "content": "vegetarian",
                         "category": "user_profile",
                         "scope": "private",
                     },
                 )
             )
-            assert r["entry"]["visibility"] == "shared"
-        rows = await pool.fetch("SELECT key, visibility FROM memory_entries WHERE agent_id = 'gw'")
-        assert [(x["key"], x["visibility"]) for x in rows] == [("k", "shared")]
+            assert r["entry"]["visibility"] == "private" and r["entry"]["user_id"] == "alice"
+            for i in range(22):
+                await alice.call_tool(
+                    "memory_store",
+                    {
+                        "key": f"o{i}",
+                        "content": f"office fact {i}",
+                        "category": "observation",
+                        "scope": "shared",
+                    },
+                )
+            many = structured(
+                await alice.call_tool("memory_recall", {"query": "office fact", "limit": 50})
+            )
+            assert len(many["results"]) == 20  # lowered to 20, as on HTTP
+            bad = await alice.call_tool("memory_recall", {"query": "x", "limit": "lots"})
+            assert bad.is_error and "invalid_request (field: limit)" in bad.content[0].text
+        async with http_session(app, api_stack.key, agent, "bob") as bob:
+            found = structured(await bob.call_tool("memory_recall", {"query": "vegetarian"}))
+            assert "diet" not in [e["key"] for e in found["results"]]
+        # another account's key reaches its own agent of that name, never acme's
+        await svc.accounts.configure_agent("other", agent, memory=True)
+        async with http_session(app, api_stack.other_key, agent, "alice") as other:
+            found = structured(await other.call_tool("memory_recall", {"query": "vegetarian"}))
+            assert found["results"] == []
+        # Memory unbound: the same code as over HTTP
+        await svc.accounts.configure_agent("acme", agent, memory=False)
+        async with http_session(app, api_stack.key, agent, "alice") as alice:
+            out = await alice.call_tool("memory_recall", {"query": "vegetarian"})
+            assert out.is_error and "memory_not_bound (field: agent_id)" in out.content[0].text
     finally:
-        await pool.close()
+        await app.state.mcp.close()
+        svc.memory = saved
+
+
+async def test_stdio_bridge_to_a_running_api(api_stack: ApiStack) -> None:
+    """``memstream mcp`` over stdio, as an MCP host runs it, bridged to an API served by
+    uvicorn on a real port (the endpoint is also reached over real HTTP)."""
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    svc = api_stack.services
+    saved = svc.memory
+    memory = svc.memory = MemoryService(api_stack.pool, api_stack.clock, binding=svc.accounts)
+    app = create_app(svc)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    )
+    serving = asyncio.create_task(server.serve())
+    agent = f"mcp{next(_agents)}"
+    await svc.accounts.configure_agent("acme", agent, memory=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        async with http_session(None, api_stack.key, agent, base=base) as over_http:
+            await check_tools(over_http)
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "memstream", "mcp", "--agent", agent, "--url", base],
+            env=dict(os.environ) | {"MEMSTREAM_API_KEY": api_stack.key},
+        )
+        async with Client(params, mode="legacy") as client:
+            await check_tools(client)
+            await store_recall_forget_through_a_session(client, agent, memory)
+            await refused_calls_name_the_field_and_write_nothing(client, agent, memory)
+            await private_without_user_is_stored_shared(client, agent, memory)
+    finally:
+        server.should_exit = True
+        await serving
+        await app.state.mcp.close()
+        svc.memory = saved

@@ -1,37 +1,43 @@
-"""The MCP server: the gateway surface, exposing exactly the three memory tools.
+"""The MCP surface: exactly the three memory tools, over any backend.
 
 ``memory_store``, ``memory_recall`` and ``memory_forget`` (typed input schemas, structured
-results shaped like the HTTP answers) for one configured account and agent, over stdio or
-streamable HTTP (``memstream mcp --account A --agent B [--transport stdio|http]``).
+results shaped like the HTTP answers). Where they run:
+
+- **In the API process** at ``/v1/agents/{agent_id}/mcp`` (streamable HTTP,
+  :mod:`memstream.agents_ctx.mcp_http`): authenticated by the same bearer API key and the
+  same ``X-Memstream-User`` header as every route, through the same ``MemoryService`` (so
+  recall uses the live index). The backend is chosen per request from the caller.
+- **Over stdio** (``memstream mcp``): a bridge to a running system over its HTTP API
+  (:class:`ClientTools`), for MCP hosts that launch a command.
 
 Guarantees:
 
 - **Three tools, never more**: the journal tools (message search, tool-call view) and
   context assembly are not registered here; a test lists the tools through a real MCP
   client session.
-- **Gateway behaviour**: without an authenticated user (``user_id=None``) a ``private``
-  store is stored as ``shared`` (``MemoryService`` applies the spec's rule), and recall and
-  forget see only shared entries.
+- **Gateway behaviour**: without a user a ``private`` store is stored as ``shared`` (the
+  spec's rule, applied by ``MemoryService``); recall and forget see only shared entries.
 - **Errors**: a refused call is an MCP tool error (``isError``) whose text carries the
   memstream error code and names the field, e.g.
-  ``invalid_request (field: importance): importance must be between 0 and 1``. Nothing is
-  written on a refused call.
+  ``invalid_request (field: importance): importance must be between 0 and 1`` — the same
+  code and field as over HTTP, because the arguments are validated by the memory rules,
+  not by the tool schema. Nothing is written on a refused call. ``limit`` above 20 is
+  lowered to 20, as on HTTP.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Protocol
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field
+from pydantic import WithJsonSchema
 
 from memstream import __version__
 from memstream.agents_ctx.memory.store import MemoryService
-from memstream.agents_ctx.validation import check_id
-from memstream.errors import MemstreamError, NotFound
-from memstream.infra.settings import Settings
+from memstream.errors import MemstreamError
 from memstream.schemas.limits import RECALL_MAX_LIMIT
 from memstream.schemas.records import Caller
 
@@ -39,8 +45,50 @@ log = logging.getLogger(__name__)
 
 TOOL_NAMES: tuple[str, ...] = ("memory_store", "memory_recall", "memory_forget")
 
-Transport = Literal["stdio", "http"]
-CategoryArg = Literal["user_profile", "project_fact", "observation"]
+_CATEGORIES = ["user_profile", "project_fact", "observation"]
+
+
+class MemoryTools(Protocol):
+    """What the three tools call: answers shaped like the HTTP routes' (``MemstreamError``
+    on refusal)."""
+
+    async def store(
+        self, key: object, content: object, category: object, scope: object, importance: object
+    ) -> dict[str, Any]: ...
+
+    async def recall(self, query: object, limit: object, category: object) -> dict[str, Any]: ...
+
+    async def forget(self, key: object) -> dict[str, Any]: ...
+
+
+ToolsFor = Callable[[Context], MemoryTools]
+"""The backend for one tool call (the HTTP endpoint picks it from the request's caller)."""
+
+
+class ServiceTools:
+    """The tools over ``MemoryService`` for one caller (in the API process)."""
+
+    def __init__(self, memory: MemoryService, caller: Caller) -> None:
+        self._memory = memory
+        self._caller = caller
+
+    async def store(
+        self, key: object, content: object, category: object, scope: object, importance: object
+    ) -> dict[str, Any]:
+        r = await self._memory.store(self._caller, key, content, category, scope, importance)
+        return {"status": r.status, "entry": r.entry.to_dict()}
+
+    async def recall(self, query: object, limit: object, category: object) -> dict[str, Any]:
+        r = await self._memory.recall(self._caller, query, limit=limit, category=category)
+        results = []
+        for entry, score in r.results:
+            item: dict[str, Any] = dict(entry.to_dict())
+            item["score"] = score
+            results.append(item)
+        return {"results": results, "source": r.source}
+
+    async def forget(self, key: object) -> dict[str, Any]:
+        return {"forgotten": await self._memory.forget(self._caller, key)}
 
 
 def _tool_error(e: MemstreamError) -> ToolError:
@@ -48,15 +96,49 @@ def _tool_error(e: MemstreamError) -> ToolError:
     return ToolError(f"{e.code}{where}: {e.message}")
 
 
-def build_mcp_server(
-    memory: MemoryService, account_id: str, agent_id: str, user_id: str | None = None
-) -> MCPServer:
-    """An MCP server bound to one (account, agent[, user]) with the three memory tools."""
-    caller = Caller(
-        check_id(account_id, "account_id"),
-        check_id(agent_id, "agent_id"),
-        None if user_id is None else check_id(user_id, "user_id"),
-    )
+# Arguments are advertised with a typed schema but validated by the memory rules, so a bad
+# value is refused with memstream's code and field, never a raw pydantic message.
+def _schema(schema: dict[str, Any], description: str) -> WithJsonSchema:
+    return WithJsonSchema(schema | {"description": description})
+
+
+_STR = {"type": "string"}
+KeyArg = Annotated[Any, _schema(_STR, "A short stable name for the fact.")]
+ContentArg = Annotated[Any, _schema(_STR, "The fact, in one or two sentences.")]
+CategoryArg = Annotated[
+    Any, _schema({"type": "string", "enum": _CATEGORIES}, "What kind of fact this is.")
+]
+ScopeArg = Annotated[
+    Any,
+    _schema(
+        {"type": "string", "enum": ["private", "shared"]},
+        "'private' (this user only) or 'shared' (every user of the agent).",
+    ),
+]
+ImportanceArg = Annotated[
+    Any,
+    _schema({"type": ["number", "null"], "minimum": 0, "maximum": 1}, "0.0-1.0, default 0.5."),
+]
+QueryArg = Annotated[Any, _schema(_STR, "What to look for, in natural language.")]
+LimitArg = Annotated[
+    Any,
+    _schema(
+        {"type": ["integer", "null"], "minimum": 1},
+        f"How many results, default 5; more than {RECALL_MAX_LIMIT} is lowered to "
+        f"{RECALL_MAX_LIMIT}.",
+    ),
+]
+CategoryFilterArg = Annotated[
+    Any,
+    _schema(
+        {"type": ["string", "null"], "enum": [*_CATEGORIES, None]}, "Only facts of this category."
+    ),
+]
+ForgetKeyArg = Annotated[Any, _schema(_STR, "The key of the fact to delete.")]
+
+
+def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
+    """An MCP server with the three memory tools; ``tools_for`` gives each call's backend."""
     server: MCPServer = MCPServer(
         name="memstream",
         version=__version__,
@@ -76,137 +158,52 @@ def build_mcp_server(
         ),
     )
     async def memory_store(
-        key: Annotated[str, Field(description="A short stable name for the fact.")],
-        content: Annotated[str, Field(description="The fact, in one or two sentences.")],
-        category: Annotated[CategoryArg, Field(description="What kind of fact this is.")],
-        scope: Annotated[
-            Literal["private", "shared"],
-            Field(description="'private' (this user only) or 'shared' (every user of the agent)."),
-        ],
-        importance: Annotated[
-            float | None, Field(ge=0.0, le=1.0, description="0.0-1.0, default 0.5.")
-        ] = None,
+        ctx: Context,
+        key: KeyArg,
+        content: ContentArg,
+        category: CategoryArg,
+        scope: ScopeArg,
+        importance: ImportanceArg = None,
     ) -> dict[str, Any]:
         try:
-            r = await memory.store(caller, key, content, category, scope, importance)
+            return await tools_for(ctx).store(key, content, category, scope, importance)
         except MemstreamError as e:
             raise _tool_error(e) from None
-        return {"status": r.status, "entry": r.entry.to_dict()}
 
     @server.tool(
         name="memory_recall",
         description="Find the stored facts most relevant to a query, best first.",
     )
     async def memory_recall(
-        query: Annotated[str, Field(description="What to look for, in natural language.")],
-        limit: Annotated[
-            int | None,
-            Field(ge=1, le=RECALL_MAX_LIMIT, description="How many results, default 5."),
-        ] = None,
-        category: Annotated[
-            CategoryArg | None, Field(description="Only facts of this category.")
-        ] = None,
+        ctx: Context,
+        query: QueryArg,
+        limit: LimitArg = None,
+        category: CategoryFilterArg = None,
     ) -> dict[str, Any]:
         try:
-            r = await memory.recall(caller, query, limit=limit, category=category)
+            return await tools_for(ctx).recall(query, limit, category)
         except MemstreamError as e:
             raise _tool_error(e) from None
-        results = []
-        for entry, score in r.results:
-            item: dict[str, Any] = dict(entry.to_dict())
-            item["score"] = score
-            results.append(item)
-        return {"results": results, "source": r.source}
 
     @server.tool(name="memory_forget", description="Delete the fact stored under a key.")
     async def memory_forget(
-        key: Annotated[str, Field(description="The key of the fact to delete.")],
+        ctx: Context,
+        key: ForgetKeyArg,
     ) -> dict[str, Any]:
         try:
-            forgotten = await memory.forget(caller, key)
+            return await tools_for(ctx).forget(key)
         except MemstreamError as e:
             raise _tool_error(e) from None
-        return {"forgotten": forgotten}
 
+    _ = (memory_store, memory_recall, memory_forget)
     return server
 
 
-async def run_mcp(
-    settings: Settings,
-    account_id: str,
-    agent_id: str,
-    *,
-    user_id: str | None = None,
-    transport: Transport = "stdio",
-    host: str = "127.0.0.1",
-    port: int = 8765,
-) -> None:
-    """Serve the MCP gateway until cancelled (stdio: until stdin closes).
-
-    The account must exist (:class:`NotFound` otherwise); the agent is created if needed.
-    Connects to the configured Postgres (``MEMSTREAM_POSTGRES_DSN``); recall uses the Qdrant
-    server when ``MEMSTREAM_QDRANT_URL`` is set and otherwise answers from Postgres keyword
-    search (the in-process qdrant-edge index belongs to the ``memstream up`` process).
-    Streamable HTTP serves ``http://HOST:PORT/mcp``. Logs go to stderr, never stdout.
-    """
-    from memstream.agents_ctx.memory.ports import MemoryIndexPort
-    from memstream.clock import SystemClock
-    from memstream.infra.accounts import Accounts
-    from memstream.infra.postgres import create_pool
-
-    pool = await create_pool(settings.postgres_dsn.get_secret_value())
-    try:
-        known = await pool.fetchval("SELECT 1 FROM accounts WHERE account_id = $1", account_id)
-        if known is None:
-            raise NotFound(
-                f"no account {account_id!r}: create it with `memstream keys create {account_id}`",
-                field="account",
-            )
-        await Accounts(pool).ensure_agent(account_id, agent_id)
-        index: MemoryIndexPort | None = None
-        if settings.qdrant_url:
-            from memstream.projections.memory_index.factory import build_memory_index
-
-            index = build_memory_index(settings)
-        server = build_mcp_server(
-            MemoryService(pool, SystemClock(), index), account_id, agent_id, user_id
-        )
-        if transport == "stdio":
-            await server.run_stdio_async()
-        else:
-            await server.run_streamable_http_async(host=host, port=port)
-    finally:
-        await pool.close()
+def fixed_tools(tools: MemoryTools) -> ToolsFor:
+    """Every call goes to ``tools`` (stdio: one process, one caller)."""
+    return lambda _ctx: tools
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m memstream.agents_ctx.mcp_server --account A --agent B [--user U]
-    [--transport stdio|http] [--host H] [--port N]`` (settings from ``MEMSTREAM_*``)."""
-    import argparse
-    import asyncio
-    import sys
-
-    ap = argparse.ArgumentParser(prog="memstream mcp", description="The memstream MCP gateway.")
-    ap.add_argument("--account", required=True)
-    ap.add_argument("--agent", required=True)
-    ap.add_argument("--user", default=None)
-    ap.add_argument("--transport", choices=["stdio", "http"], default="stdio")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8765)
-    a = ap.parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    asyncio.run(
-        run_mcp(
-            Settings(),
-            a.account,
-            a.agent,
-            user_id=a.user,
-            transport=a.transport,
-            host=a.host,
-            port=a.port,
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()
+def local_mcp_server(memory: MemoryService, caller: Caller) -> MCPServer:
+    """The tools over ``memory`` for one fixed caller (tests, embedding in a process)."""
+    return build_mcp_server(fixed_tools(ServiceTools(memory, caller)))

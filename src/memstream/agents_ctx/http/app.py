@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
+from starlette.routing import Route
 
 from memstream import __version__
 from memstream.agents_ctx.http import (
@@ -25,6 +26,7 @@ from memstream.agents_ctx.http import (
     threads_routes,
 )
 from memstream.agents_ctx.http.responses import JSONResponse
+from memstream.agents_ctx.mcp_http import McpEndpoint
 from memstream.agents_ctx.services import Services
 from memstream.schemas.limits import MAX_REQUEST_BYTES
 
@@ -76,4 +78,9 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(entries_routes.router)
     app.include_router(erasure_routes.router)
     app.include_router(context_routes.router)
+    mcp = McpEndpoint(services)
+    app.state.mcp = mcp
+    app.router.routes.append(
+        Route("/v1/agents/{agent_id}/mcp", endpoint=mcp, methods=["GET", "POST", "DELETE"])
+    )
     return app

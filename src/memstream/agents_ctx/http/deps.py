@@ -27,7 +27,10 @@ async def key_info(
     request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> KeyInfo:
     """The API key's account and admin flag (routes without an agent in the path)."""
-    svc = services(request)
+    return await key_of(services(request), authorization)
+
+
+async def key_of(svc: Services, authorization: str | None) -> KeyInfo:
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("send 'Authorization: Bearer <api key>'", field="Authorization")
     key = authorization[7:].strip()
@@ -43,8 +46,14 @@ async def caller(
     authorization: Annotated[str | None, Header()] = None,
     x_memstream_user: Annotated[str | None, Header()] = None,
 ) -> Caller:
-    svc = services(request)
-    info = await key_info(request, authorization)
+    return await authenticate(services(request), agent_id, authorization, x_memstream_user)
+
+
+async def authenticate(
+    svc: Services, agent_id: str, authorization: str | None, x_memstream_user: str | None
+) -> Caller:
+    """The caller of a request on any agent surface (the routes and the MCP endpoint)."""
+    info = await key_of(svc, authorization)
     account_id = info.account_id
     check_id(agent_id, "agent_id")
     user_id = None

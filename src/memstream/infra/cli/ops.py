@@ -200,20 +200,21 @@ def hygiene(
 
 @app.command()
 def mcp(
-    account: Annotated[str, typer.Option(help="Account the gateway acts for.")],
     agent: Annotated[str, typer.Option(help="Agent whose memory it exposes.")],
-    user: Annotated[str | None, typer.Option(help="Authenticated end user, if any.")] = None,
-    transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP).")] = "stdio",
-    host: Annotated[str, typer.Option()] = "127.0.0.1",
-    port: Annotated[int, typer.Option()] = 8765,
+    key: Annotated[
+        str,
+        typer.Option(envvar="MEMSTREAM_API_KEY", help="The account's API key (bearer)."),
+    ],
+    user: Annotated[str | None, typer.Option(help="End user the tools act for, if any.")] = None,
+    url: Annotated[str | None, typer.Option(help="API URL (default: from --data-dir).")] = None,
     data_dir: DataDir = None,
 ) -> None:
-    """The MCP gateway: exactly memory_store, memory_recall and memory_forget (never the
-    journal tools). Without --user, private stores become shared, as the spec says."""
-    from memstream.agents_ctx.mcp_server import run_mcp
+    """The MCP tools over stdio, bridged to a running memstream: exactly memory_store,
+    memory_recall and memory_forget (never the journal tools), each one the same call as
+    over HTTP. Without --user, private stores become shared, as the spec says. MCP over
+    HTTP is served by the API itself at /v1/agents/{agent_id}/mcp."""
+    from memstream.agents_ctx.mcp_bridge import run_stdio_bridge
+    from memstream.infra.cli.main import api_url_of
 
-    if transport not in ("stdio", "http"):
-        err.print("--transport must be stdio or http")
-        raise typer.Exit(2)
-    s = settings_for_running(data_dir)
-    run(run_mcp(s, account, agent, user_id=user, transport=transport, host=host, port=port))  # type: ignore[arg-type]
+    base = api_url_of(settings_for_running(data_dir), url)
+    run(run_stdio_bridge(base, key, agent, user))
