@@ -3,7 +3,10 @@
 The same operations, with the same names, as the HTTP routes (ARCHITECTURE.md):
 ``configure_agent``, ``create_thread``, ``append``, ``context``, ``summary``,
 ``delete_thread``, ``memory_store``, ``memory_recall``, ``memory_forget``,
-``journal_search`` and ``tool_call_view``. Answers are the JSON documents the API returns.
+``journal_search`` and ``tool_call_view``; owning memory: ``memory_entries`` (and
+``iter_memory_entries``), ``memory_entry``, ``memory_edit``, ``memory_export``,
+``memory_import``, ``erase_thread``, ``erase_user``, ``erasure``. Answers are the JSON
+documents the API returns.
 
 Guarantees:
 
@@ -19,7 +22,8 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, cast
 from urllib.parse import quote
@@ -37,6 +41,7 @@ _ERRORS: Final[dict[str, type[errors.MemstreamError]]] = {
         errors.ContentTooLong,
         errors.Unauthorized,
         errors.MemoryNotBound,
+        errors.Forbidden,
         errors.NotFound,
         errors.CapacityExceeded,
         errors.Conflict,
@@ -227,6 +232,115 @@ class MemstreamClient:
     async def memory_forget(self, agent_id: str, key: str) -> bool:
         out = await self._json("POST", f"{self._agent(agent_id)}/memory/forget", {"key": key})
         return bool(out["forgotten"])
+
+    # --- owning memory (docs/owning-memory.md) --------------------------------------------------
+    async def memory_entries(
+        self,
+        agent_id: str,
+        *,
+        category: str | None = None,
+        visibility: str | None = None,
+        user_id: str | None = None,
+        q: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> JSON:
+        """One page of entries, newest first: ``{"entries", "next_cursor"}``."""
+        return await self._json(
+            "GET",
+            f"{self._agent(agent_id)}/memory/entries",
+            category=category,
+            visibility=visibility,
+            user_id=user_id,
+            q=q,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    async def iter_memory_entries(
+        self, agent_id: str, **filters: str | int | None
+    ) -> AsyncIterator[JSON]:
+        """Every entry of the view, page after page (``memory_entries``' filters)."""
+        cursor: str | None = None
+        while True:
+            page = await self._json(
+                "GET", f"{self._agent(agent_id)}/memory/entries", cursor=cursor, **filters
+            )
+            for entry in page["entries"]:
+                yield entry
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    async def memory_entry(self, agent_id: str, key: str, *, user_id: str | None = None) -> JSON:
+        """One entry (``NotFound`` if there is none the caller can see)."""
+        return await self._json(
+            "GET", f"{self._agent(agent_id)}/memory/entries/{_p(key)}", user_id=user_id
+        )
+
+    async def memory_edit(
+        self, agent_id: str, key: str, changes: Mapping[str, Any], *, user_id: str | None = None
+    ) -> JSON:
+        """PATCH ``content``, ``importance``, ``category``, ``expires_at``:
+        ``{"status": "replaced" | "unchanged", "entry", "position"}``."""
+        path = f"{self._agent(agent_id)}/memory/entries/{_p(key)}"
+        return await self._json("PATCH", path, dict(changes), user_id=user_id)
+
+    async def memory_export(
+        self, agent_id: str, *, category: str | None = None, user_id: str | None = None
+    ) -> AsyncIterator[JSON]:
+        """Every entry, streamed from the NDJSON export."""
+        params = {k: v for k, v in (("category", category), ("user_id", user_id)) if v}
+        async with self._http.stream(
+            "GET",
+            f"{self._agent(agent_id)}/memory/export",
+            params=params or None,
+            headers=self._headers,
+        ) as r:
+            if r.status_code >= 400:
+                body = await r.aread()
+                try:
+                    doc: object = json.loads(body)
+                except ValueError:
+                    doc = body.decode("utf-8", "replace")
+                raise error_from(r.status_code, doc)
+            async for line in r.aiter_lines():
+                if line.strip():
+                    yield cast(JSON, json.loads(line))
+
+    async def memory_import(
+        self, agent_id: str, lines: bytes | Iterable[Mapping[str, Any]]
+    ) -> JSON:
+        """Import NDJSON (bytes, or entries as mappings):
+        ``{"created", "replaced", "unchanged", "failed": [{"line", "error"}]}``."""
+        body = (
+            lines
+            if isinstance(lines, bytes)
+            else b"".join(json.dumps(dict(e)).encode() + b"\n" for e in lines)
+        )
+        r = await self._http.post(
+            f"{self._agent(agent_id)}/memory/import",
+            content=body,
+            headers={**self._headers, "Content-Type": "application/x-ndjson"},
+        )
+        if r.status_code >= 400:
+            raise error_from(r.status_code, r.json())
+        return cast(JSON, r.json())
+
+    # --- erasure -------------------------------------------------------------------------------
+    async def erase_thread(self, agent_id: str, thread_id: str) -> str:
+        """Start erasing a thread; returns the ``erasure_id`` (see ``erasure``)."""
+        out = await self._json("POST", f"{self._thread(agent_id, thread_id)}/erase")
+        return str(out["erasure_id"])
+
+    async def erase_user(self, user_id: str) -> str:
+        """Start erasing a user in every agent of the account (admin key)."""
+        out = await self._json("POST", f"/v1/users/{_p(user_id)}/erase")
+        return str(out["erasure_id"])
+
+    async def erasure(self, erasure_id: str) -> JSON:
+        """``{"erasure_id", "kind", "status": "running" | "done", "stores"}``."""
+        return await self._json("GET", f"/v1/erasures/{_p(erasure_id)}")
 
     # --- journal tools -------------------------------------------------------------------------
     async def journal_search(

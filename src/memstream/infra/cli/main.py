@@ -290,6 +290,7 @@ def produce(
 
 def main() -> None:
     from memstream.infra.cli import (
+        memory_cmd,  # noqa: F401 - registers memory and erase
         ops,  # noqa: F401 - registers lag and dlq commands
         replay_cmd,  # noqa: F401 - registers replay
     )

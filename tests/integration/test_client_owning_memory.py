@@ -1,0 +1,69 @@
+"""The Python client's owning-memory and erasure methods against the real app (ASGI)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from memstream import errors
+from memstream.agents_ctx.erasure import Erasures
+from memstream.agents_ctx.http.app import create_app
+from memstream.agents_ctx.memory.store import MemoryService
+from memstream.client import MemstreamClient
+from tests.fixtures.api import ApiStack
+from tests.fixtures.binding import EVERY_AGENT_BOUND
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def client(api: ApiStack, key: str, user: str | None = None) -> MemstreamClient:
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(api.services)), base_url="http://ms.test"
+    )
+    return MemstreamClient("http://ms.test", key, user=user, http=http)
+
+
+async def test_browse_edit_export_import_and_erase_through_the_client(api_stack: ApiStack) -> None:
+    svc = api_stack.services
+    svc.memory = MemoryService(api_stack.pool, api_stack.clock, binding=EVERY_AGENT_BOUND)
+    svc.erasures = Erasures(svc)
+    admin_key = await svc.accounts.create_key("acme", admin=True)
+    alice = client(api_stack, api_stack.key, "alice")
+    admin = client(api_stack, admin_key)
+    try:
+        for i in range(7):
+            await alice.memory_store("cb", f"k{i}", f"fact {i}", "project_fact", "private")
+        page = await alice.memory_entries("cb", limit=3)
+        assert len(page["entries"]) == 3 and page["next_cursor"]
+        assert len([e async for e in alice.iter_memory_entries("cb", limit=2)]) == 7
+        assert (await alice.memory_entry("cb", "k3"))["content"] == "fact 3"
+        with pytest.raises(errors.NotFound):
+            await alice.memory_entry("cb", "missing")
+        with pytest.raises(errors.Forbidden):
+            await alice.memory_entries("cb", user_id="bob")
+        edited = await alice.memory_edit("cb", "k3", {"content": "fact three"})
+        assert edited["status"] == "replaced"
+        with pytest.raises(errors.InvalidRequest) as e:
+            await alice.memory_edit("cb", "k3", {"key": "x"})
+        assert e.value.field == "key"
+
+        exported = [x async for x in admin.memory_export("cb")]
+        assert len(exported) == 7
+        report = await admin.memory_import("cb-copy", exported)
+        assert (report["created"], report["failed"]) == (7, [])
+        assert (await admin.memory_import("cb-copy", exported))["unchanged"] == 7
+
+        r = await alice.append("cb", "t-erase", {"role": "user", "content": "bye"})
+        assert r["appended"]
+        erasure_id = await alice.erase_thread("cb", "t-erase")
+        await svc.erasures.wait(erasure_id)
+        status = await alice.erasure(erasure_id)
+        assert status["status"] == "done" and status["stores"]["journal_messages"] == 1
+        with pytest.raises(errors.Forbidden):
+            await alice.erase_user("alice")
+    finally:
+        await alice.aclose()
+        await admin.aclose()
+        await svc.erasures.close()
+        svc.erasures = None
+        svc.memory = None
