@@ -387,3 +387,124 @@ async def test_failing_flush_still_yields_the_summary(
     written = await s.summarize(ref, 49)
     assert written is not None and written.version == 1
     assert await entries(pg_pool, ref) == []
+
+
+class CountingExtractor(RuleFactExtractor):
+    """The offline extractor, counting its (silent model) turns and what each one saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str | None]] = []
+
+    async def extract(self, messages: Sequence[Message]) -> list[ExtractedFact]:
+        self.seen.append([m.user_id for m in messages])
+        return await super().extract(messages)
+
+
+async def bound_agent(pg_pool: asyncpg.Pool, ref: ThreadRef) -> Accounts:
+    accounts = Accounts(pg_pool)
+    await accounts.ensure_account(ref.account_id)
+    await accounts.configure_agent(ref.account_id, ref.agent_id, memory=True)
+    return accounts
+
+
+async def test_each_fact_is_stored_for_the_user_who_stated_it(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    pg_pool: asyncpg.Pool,
+) -> None:
+    """Two users in one span (a shared thread): alice's name is alice's, bob's is bob's;
+    before, every fact went to the span's last user."""
+    ref = new_ref()
+    accounts = await bound_agent(pg_pool, ref)
+    msgs = await journal.append(
+        ref,
+        [
+            NewMessage(role="user", content="Hi, my name is Alice Smith.", user_id="alice"),
+            NewMessage(role="assistant", content="Hello Alice."),
+            NewMessage(role="user", content="My name is Bob Jones.", user_id="bob"),
+            NewMessage(role="user", content="We use Postgres for the ledger.", user_id="bob"),
+        ],
+    )
+    msgs += await append(journal, ref, chatter(46))
+    await count_all(counters, msgs)
+    extractor = CountingExtractor()
+    memory = MemoryService(pg_pool, FixedClock(), binding=accounts)
+    s = summarizer(journal, state, store, agents=accounts, extractor=extractor, memory=memory)
+    assert await s.summarize(ref, 49) is not None
+    rows = await pg_pool.fetch(
+        "SELECT key, content, user_id, visibility FROM memory_entries"
+        " WHERE account_id = $1 AND agent_id = $2 AND key = 'user.name' ORDER BY user_id",
+        ref.account_id,
+        ref.agent_id,
+    )
+    assert [(r["user_id"], r["visibility"]) for r in rows] == [
+        ("alice", "private"),
+        ("bob", "private"),
+    ]
+    assert "Alice" in rows[0]["content"] and "Bob" in rows[1]["content"]
+    # each model turn saw one user's own messages only
+    assert all(len(set(users)) == 1 for users in extractor.seen)
+
+
+class FlakyModel(ExtractiveSummaryModel):
+    """Fails the first summary call (after the flush ran): the request is retried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def summarize(self, previous: str | None, span: Sequence[Message], budget: int) -> str:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("summary model timed out")
+        return await super().summarize(previous, span, budget)
+
+
+async def test_a_retried_or_raced_summary_flushes_its_span_once(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    pg_pool: asyncpg.Pool,
+) -> None:
+    ref = new_ref()
+    accounts = await bound_agent(pg_pool, ref)
+    msgs = await journal.append(
+        ref, [NewMessage(role="user", content=t, user_id="u1") for t in FACTS]
+    )
+    msgs += await append(journal, ref, chatter(47))
+    await count_all(counters, msgs)
+    extractor = CountingExtractor()
+    memory = MemoryService(pg_pool, FixedClock(), binding=accounts)
+    s = SummarizerProcessor(
+        journal,
+        state,
+        store,
+        FlakyModel(),
+        agents=accounts,
+        extractor=extractor,
+        memory=memory,
+        token_budget=200,
+        clock=FixedClock(),
+    )
+    with pytest.raises(RuntimeError):
+        await s.summarize(ref, 49)  # flushed, then the summary step failed
+    turns = len(extractor.seen)
+    assert turns == 2  # one per user of the span: u1, and the messages without a user
+    # the redelivered request, and a write that loses a version race once
+    real_write = store.write
+    lost = [False]
+
+    async def racy_write(*args: object, **kw: object) -> None:
+        if not lost[0]:
+            lost[0] = True
+            raise Conflict("another worker wrote this version")
+        await real_write(*args, **kw)  # type: ignore[arg-type]
+
+    store.write = racy_write  # type: ignore[method-assign]
+    written = await s.summarize(ref, 49)
+    assert written is not None and written.version == 1 and lost[0]
+    assert len(extractor.seen) == turns  # the span was not flushed again
+    assert ("user.name", "user_profile", "private") in await entries(pg_pool, ref)

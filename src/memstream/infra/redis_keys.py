@@ -48,6 +48,11 @@ def message_claim(ref: ThreadRef, offset: int) -> str:
     return _k(ref, f"counted:{offset}")
 
 
+def flush_claim(ref: ThreadRef, start: int, end: int) -> str:
+    """The pre-compaction flush's claim for the span ``start..end`` (once per span)."""
+    return _k(ref, f"flushed:{start}-{end}")
+
+
 def thread_pattern(ref: ThreadRef) -> str:
     """A SCAN ``MATCH`` pattern for every key of one thread (glob characters escaped)."""
     tag = "".join("\\" + c if c in "*?[]\\" else c for c in ref.key)

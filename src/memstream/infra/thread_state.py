@@ -280,6 +280,15 @@ class ThreadState:
         )
         return int(cast(int, res)) == 1
 
+    async def claim_flush(self, ref: ThreadRef, start: int, end: int, ttl_s: int) -> bool:
+        """Claim the pre-compaction flush of the span ``start..end``: True once per span
+        (for ``ttl_s``), False for a retried or raced summary of the same span."""
+        ok = await _call(
+            lambda: self._redis.set(redis_keys.flush_claim(ref, start, end), 1, nx=True, ex=ttl_s),
+            "claiming the flush",
+        )
+        return bool(ok)
+
     # --- lock ----------------------------------------------------------------------------------
     async def try_lock(self, ref: ThreadRef, ttl_s: float) -> str | None:
         """Take the summarization lock; its token, or None if someone else holds it."""

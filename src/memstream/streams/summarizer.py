@@ -9,10 +9,13 @@ For a request ending at offset U of a thread:
    request is a redelivery: only make sure the summary's after-effects happened (below);
 3. wait until the journal shows U, then read the span ``(previous.last_message_offset, U]``
    straight from the journal;
-4. **pre-compaction flush**, only when the agent has the Memory capability bound: one silent
-   model turn (:class:`~memstream.infra.llm.ports.FactExtractor`) whose facts are stored with
-   the same path and policies as ``memory_store`` (the caller is the thread's account and
-   agent and the span's last user); best effort: any failure is logged and never blocks;
+4. **pre-compaction flush**, only when the agent has the Memory capability bound, and once
+   per span (a Redis claim keyed by thread and span: a retried request or a summary that
+   lost a version race does not flush the same span again): one silent model turn
+   (:class:`~memstream.infra.llm.ports.FactExtractor`) per user of the span, over that
+   user's own messages only, whose facts are stored for that user with the same path and
+   policies as ``memory_store`` (messages without a user give facts without a user); best
+   effort: any failure is logged and never blocks;
 5. summarize progressively (the previous content is passed to the model with the span);
 6. write version N+1 with the optimistic check (a lost race re-reads and starts over);
 7. publish ``summary.written`` (deterministic id per version), then subtract the span from
@@ -76,6 +79,20 @@ class FactSink(Protocol):
         scope: object,
         importance: object = None,
     ) -> object: ...
+
+
+FLUSH_CLAIM_TTL_S = 7 * 24 * 3600
+"""How long a span's flush claim is kept (far longer than any retry of its summary)."""
+
+
+def messages_by_user(span: Sequence[Message]) -> list[tuple[str | None, list[Message]]]:
+    """The span's user messages grouped by the user who wrote them, in order of first
+    appearance: each user's facts are extracted from that user's own words only."""
+    groups: dict[str | None, list[Message]] = {}
+    for m in span:
+        if m.role == "user":
+            groups.setdefault(m.user_id, []).append(m)
+    return list(groups.items())
 
 
 class SummarizerProcessor(Processor):
@@ -226,30 +243,37 @@ class SummarizerProcessor(Processor):
 
     # --- pre-compaction flush -------------------------------------------------------------------
     async def _flush(self, ref: ThreadRef, span: Sequence[Message]) -> int:
-        """Store durable facts from ``span`` if the agent has Memory bound. Never raises."""
-        if self._agents is None or self._extractor is None or self._memory is None:
+        """Store durable facts from ``span`` if the agent has Memory bound, once per span,
+        each for the user who stated it. Never raises."""
+        if self._agents is None or self._extractor is None or self._memory is None or not span:
             return 0
         try:
             agent = await self._agents.get_agent(ref.account_id, ref.agent_id)
             if agent is None or not agent.memory:
                 return 0
+            first, last = span[0].offset, span[-1].offset
+            if not await self._state.claim_flush(ref, first, last, FLUSH_CLAIM_TTL_S):
+                log.info("flush of %s %d..%d: already done", ref.key, first, last)
+                return 0
+            stored = 0
             async with asyncio.timeout(self._flush_timeout):
-                facts = await self._extractor.extract(span)
-                user_id = next(
-                    (m.user_id for m in reversed(span) if m.role == "user" and m.user_id), None
-                )
-                caller = Caller(ref.account_id, ref.agent_id, user_id)
-                stored = 0
-                for fact in facts:
-                    scope = "private" if fact.category == "user_profile" else "shared"
-                    try:
-                        await self._memory.store(
-                            caller, fact.key, fact.content, fact.category, scope, fact.importance
-                        )
-                        stored += 1
-                    except MemstreamError as e:  # a policy said no to this fact
-                        log.info("flush of %s: fact %r not stored: %s", ref.key, fact.key, e)
-                return stored
+                for user_id, own in messages_by_user(span):
+                    caller = Caller(ref.account_id, ref.agent_id, user_id)
+                    for fact in await self._extractor.extract(own):
+                        scope = "private" if fact.category == "user_profile" else "shared"
+                        try:
+                            await self._memory.store(
+                                caller,
+                                fact.key,
+                                fact.content,
+                                fact.category,
+                                scope,
+                                fact.importance,
+                            )
+                            stored += 1
+                        except MemstreamError as e:  # a policy said no to this fact
+                            log.info("flush of %s: fact %r not stored: %s", ref.key, fact.key, e)
+            return stored
         except Exception:
             log.exception("pre-compaction flush of %s failed; summarizing anyway", ref.key)
             return 0
