@@ -19,6 +19,7 @@ settings.load_profile("memstream")
 pytest_plugins = [
     "tests.fixtures.stores",  # embedded Postgres and Valkey (Redis)
     "tests.fixtures.kafka",  # Apache Kafka (and Tansu for the smoke subset)
+    "tests.fixtures.openai_server",  # a local OpenAI-compatible test server
     "tests.fixtures.api",  # the FastAPI app over real stores, through httpx
     "tests.fixtures.journal",  # SlateDB journal on a fresh local folder
     "tests.fixtures.clickhouse",  # chdb (embedded ClickHouse), one engine per session

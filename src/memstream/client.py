@@ -183,14 +183,18 @@ class MemstreamClient:
         *,
         parent_thread_id: str | None = None,
         parent_agent_id: str | None = None,
+        format: str | None = None,  # noqa: A002 - the route's query parameter
     ) -> JSON:
-        """The context for one turn: ``{"messages", "pinned", "summary", "window"}``.
-        Pass ``parent_thread_id`` (and ``parent_agent_id``) for a delegated sub-agent."""
+        """The context for one turn: ``{"messages", "pinned", "summary", "window"}``, the
+        messages in the OpenAI Chat Completions shape (``format="anthropic"``: Anthropic
+        Messages turns plus ``"system"``). Pass ``parent_thread_id`` (and
+        ``parent_agent_id``) for a delegated sub-agent."""
         return await self._json(
             "GET",
             f"{self._thread(agent_id, thread_id)}/context",
             parent_thread_id=parent_thread_id,
             parent_agent_id=parent_agent_id,
+            format=format,
         )
 
     async def summary(self, agent_id: str, thread_id: str) -> JSON | None:

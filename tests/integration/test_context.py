@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from obstore.store import LocalStore
+from openai import AsyncOpenAI, BadRequestError
 
 from memstream.agents_ctx.context import FACTS_CLOSE, FACTS_DISCLAIMER, FACTS_OPEN
 from memstream.agents_ctx.memory.store import MemoryService
@@ -23,6 +24,7 @@ from memstream.infra.metrics import Metrics
 from memstream.infra.summary_store import SummaryStore
 from memstream.schemas.records import Caller, MemoryEntry, Summary, ThreadRef
 from tests.fixtures.api import ApiStack
+from tests.fixtures.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -199,8 +201,99 @@ async def test_tool_call_linkage_is_kept_in_the_window(stack: ApiStack) -> None:
     )
     assert r.status_code == 201
     msgs = messages(await context(stack, agent, "t"))
-    assert msgs[0]["tool_calls"] == [{"id": "c1", "name": "search", "arguments": "{}"}]
+    assert msgs[0]["content"] is None
+    assert msgs[0]["tool_calls"] == [
+        {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    ]
     assert msgs[1] == {"role": "tool", "content": "found it", "tool_call_id": "c1"}
+
+
+def tool_turn(i: int) -> list[dict[str, object]]:
+    """One OpenAI agent-loop turn, 4 messages: question, call, result, answer."""
+    call = f"call_{i}"
+    return [
+        {"role": "user", "content": [{"type": "text", "text": f"question {i}"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call,
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": f'{{"n": {i}}}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call, "content": f"result {i}"},
+        {"role": "assistant", "content": f"answer {i}"},
+    ]
+
+
+async def test_context_goes_to_chat_completions_unchanged(
+    stack: ApiStack, openai_server: tuple[FakeOpenAI, str]
+) -> None:
+    fake, url = openai_server
+    agent = fresh()
+    # 4 + 5 * 4 = 24 messages: a window of 20 starts at message 4 ("question 1")...
+    turns = [m for i in range(6) for m in tool_turn(i)]
+    # ...and with 2 more it starts at the tool result of turn 1, whose call is cut off
+    turns += [{"role": "user", "content": "and now?"}, {"role": "assistant", "content": "done"}]
+    r = await stack.client.post(
+        f"/v1/agents/{agent}/threads/t/messages", json={"messages": turns}, headers=stack.headers()
+    )
+    assert r.status_code == 201, r.text
+    msgs = messages(await context(stack, agent, "t"))
+    assert msgs[0] == {"role": "assistant", "content": "answer 1"}  # the orphan result dropped
+    assert len(msgs) == 19
+    assert msgs[-2:] == turns[-2:]
+    assert msgs[1:5] == [dict(m, content="question 2") if m["role"] == "user" else m
+                         for m in tool_turn(2)]  # fmt: skip
+    client = AsyncOpenAI(api_key="sk-test", base_url=url)
+    answer = await client.chat.completions.create(model="gpt-test", messages=msgs)  # type: ignore[arg-type]
+    assert answer.choices[0].message.content == "ok"
+    assert fake.requests[-1]["messages"] == msgs
+
+
+async def test_fake_server_refuses_what_a_model_api_refuses(
+    openai_server: tuple[FakeOpenAI, str],
+) -> None:
+    """The check above can fail: the old flat tool-call shape and an orphan result are 400."""
+    _, url = openai_server
+    client = AsyncOpenAI(api_key="sk-test", base_url=url, max_retries=0)
+    flat = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c", "name": "f", "arguments": "{}"}],
+    }
+    orphan = {"role": "tool", "tool_call_id": "c", "content": "r"}
+    for bad in ([flat], [orphan]):
+        with pytest.raises(BadRequestError):
+            await client.chat.completions.create(model="gpt-test", messages=bad)  # type: ignore[arg-type]
+
+
+async def test_anthropic_format(stack: ApiStack) -> None:
+    agent = fresh()
+    await store(stack, agent, "name", "is called Alice", 0.9)
+    r = await stack.client.post(
+        f"/v1/agents/{agent}/threads/t/messages",
+        json={"messages": tool_turn(0)},
+        headers=stack.headers(user="alice"),
+    )
+    assert r.status_code == 201, r.text
+    ctx = await context(stack, agent, "t", format="anthropic")
+    system = ctx["system"]
+    assert isinstance(system, str) and system.startswith(FACTS_OPEN)
+    assert messages(ctx) == [
+        {"role": "user", "content": [{"type": "text", "text": "question 0"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "call_0", "name": "lookup", "input": {"n": 0}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_0", "content": "result 0"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "answer 0"}]},
+    ]  # fmt: skip
+    assert keys(ctx) == ["name"]
+    r = await stack.client.get(
+        f"/v1/agents/{agent}/threads/t/context", params={"format": "xml"}, headers=stack.headers()
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "format"
 
 
 async def test_latency_is_recorded(stack: ApiStack) -> None:

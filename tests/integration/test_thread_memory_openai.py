@@ -1,71 +1,27 @@
-"""The OpenAI providers against a local OpenAI-compatible test server (FastAPI on 127.0.0.1)
-that records every request and answers ``chat.completions``."""
+"""The OpenAI providers against the local OpenAI-compatible test server
+(``tests.fixtures.openai_server``) that records every request and answers
+``chat.completions``."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request
 from openai import AsyncOpenAI
 
 from memstream.infra.llm import OpenAIFactExtractor, OpenAISummaryModel, build_models
 from memstream.infra.settings import Settings
 from memstream.infra.tokenizer import count_tokens
 from memstream.schemas.records import Message
+from tests.fixtures.openai_server import FakeOpenAI
 
 MODEL = "test-summarizer-1"
 
 
-class FakeOpenAI:
-    """A tiny OpenAI-compatible server: records requests, answers from a queue."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.answers: list[str] = []
-        self.app = FastAPI()
-
-        @self.app.post("/v1/chat/completions")
-        async def chat(request: Request) -> dict[str, Any]:
-            body = await request.json()
-            self.requests.append(body)
-            content = self.answers.pop(0) if self.answers else "ok"
-            return {
-                "id": "chatcmpl-test",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            }
-
-
-@pytest.fixture(scope="module")
-async def server() -> AsyncIterator[tuple[FakeOpenAI, str]]:
-    fake = FakeOpenAI()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    config = uvicorn.Config(fake.app, host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    task = asyncio.create_task(srv.serve())
-    while not srv.started:
-        await asyncio.sleep(0.02)
-    yield fake, f"http://127.0.0.1:{port}/v1"
-    srv.should_exit = True
-    await task
+@pytest.fixture
+def server(openai_server: tuple[FakeOpenAI, str]) -> tuple[FakeOpenAI, str]:
+    return openai_server
 
 
 def msg(i: int, content: str) -> Message:

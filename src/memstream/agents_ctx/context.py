@@ -9,7 +9,11 @@ The assembled conversation is, in order (the spec's "What the context looks like
 2. the rolling **summary** as a second system message, "Previous conversation summary: ...",
    if the thread has one;
 3. the recent **window** read straight from the journal: 20 messages, lowered (never raised)
-   by the thread's ``metadata.config.max_working_memory_messages``.
+   by the thread's ``metadata.config.max_working_memory_messages``; a leading ``tool``
+   result whose call was cut off by the window edge is dropped (model APIs refuse it).
+
+Messages come out in the OpenAI Chat Completions shape, or the Anthropic Messages shape
+(``Context.to_dict("anthropic")``); both are in ``agents_ctx.message_shapes``.
 
 Guarantees:
 
@@ -37,6 +41,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, Protocol
 
+from memstream.agents_ctx.message_shapes import (
+    Format,
+    anthropic_messages,
+    drop_leading_orphans,
+    openai_message,
+)
 from memstream.agents_ctx.validation import check_id
 from memstream.clock import Clock
 from memstream.errors import InfraError, InvalidRequest, NotFound
@@ -84,12 +94,8 @@ class ContextMessage:
     tool_call_id: str | None = None
 
     def to_dict(self) -> JSONObject:
-        out: JSONObject = {"role": self.role, "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = [tc.to_dict() for tc in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        return out
+        """The OpenAI Chat Completions shape (see ``agents_ctx.message_shapes``)."""
+        return openai_message(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,13 +111,20 @@ class Context:
     summary: Summary | None
     window: int
 
-    def to_dict(self) -> JSONObject:
-        return {
-            "messages": [m.to_dict() for m in self.messages],
-            "pinned": [e.to_dict() for e in self.pinned],
-            "summary": None if self.summary is None else self.summary.to_dict(),
-            "window": self.window,
-        }
+    def to_dict(self, fmt: Format = "openai") -> JSONObject:
+        """``{"messages", "pinned", "summary", "window"}``; with ``fmt="anthropic"`` the
+        messages are Anthropic Messages turns and the system text is apart in ``system``."""
+        out: JSONObject = {}
+        if fmt == "anthropic":
+            system, turns = anthropic_messages(self.messages)
+            out["system"] = system
+            out["messages"] = list(turns)
+        else:
+            out["messages"] = [m.to_dict() for m in self.messages]
+        out["pinned"] = [e.to_dict() for e in self.pinned]
+        out["summary"] = None if self.summary is None else self.summary.to_dict()
+        out["window"] = self.window
+        return out
 
 
 # --- pure rules --------------------------------------------------------------------------------
@@ -154,14 +167,15 @@ def assemble(
     window_limit: int = WINDOW_MESSAGES,
 ) -> Context:
     """Pinned block, then summary, then the last ``window_limit`` of ``window`` (oldest
-    first). Pure: the caller has already fetched the parts."""
+    first), less any leading ``tool`` results whose call was cut off. Pure: the caller has
+    already fetched the parts."""
     limit = max(0, min(window_limit, WINDOW_MESSAGES))
     messages: list[ContextMessage] = []
     if pinned:
         messages.append(ContextMessage("system", render_pinned(pinned)))
     if summary is not None:
         messages.append(ContextMessage("system", render_summary(summary)))
-    recent = list(window)[-limit:] if limit else []
+    recent = drop_leading_orphans(list(window)[-limit:]) if limit else []
     messages.extend(window_message(m) for m in recent)
     return Context(tuple(messages), tuple(pinned), summary, limit)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
+from memstream.agents_ctx.message_shapes import parse_tool_call, text_content, tool_call_name_field
 from memstream.errors import InvalidRequest
 from memstream.schemas.limits import MAX_MESSAGE_CONTENT_CHARS, MAX_MESSAGES_PER_APPEND
 from memstream.schemas.records import ROLES, JSONValue, NewMessage, Role, ThreadConfig, ToolCall
@@ -28,6 +29,8 @@ def check_id(value: object, field: str) -> str:
 
 
 def _tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
+    """Tool calls in the OpenAI shape (``{"id", "type", "function": {"name", "arguments"}}``)
+    or memstream's flat one (``{"id", "name", "arguments"}``): one record either way."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -36,12 +39,15 @@ def _tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
     for i, tc in enumerate(raw):
         f = f"{where}tool_calls[{i}]"
         if not isinstance(tc, Mapping):
-            raise InvalidRequest(f"{f} must be an object with id, name, arguments", field=f)
+            raise InvalidRequest(
+                f"{f} must be an object with id and function (name, arguments)", field=f
+            )
+        id_, name, arguments = parse_tool_call(tc, f)
         out.append(
             ToolCall(
-                id=check_id(tc.get("id"), f + ".id"),
-                name=_nonempty_str(tc.get("name"), f + ".name"),
-                arguments=cast(JSONValue, tc.get("arguments")),
+                id=check_id(id_, f + ".id"),
+                name=_nonempty_str(name, tool_call_name_field(tc, f)),
+                arguments=arguments,
             )
         )
     ids = [tc.id for tc in out]
@@ -61,13 +67,11 @@ def parse_message(raw: object, where: str = "", user_id: str | None = None) -> N
     if not isinstance(raw, Mapping):
         raise InvalidRequest("a message must be a JSON object", field=where.rstrip(".") or "body")
     role = raw.get("role")
+    if role == "developer":  # OpenAI's newer name for the system role
+        role = "system"
     if role not in ROLES:
         raise InvalidRequest(f"role must be one of {', '.join(ROLES)}", field=f"{where}role")
-    content = raw.get("content", "")
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        raise InvalidRequest("content must be a string", field=f"{where}content")
+    content = text_content(raw.get("content"), f"{where}content")
     if len(content) > MAX_MESSAGE_CONTENT_CHARS:
         raise InvalidRequest(
             f"content must be at most {MAX_MESSAGE_CONTENT_CHARS} characters",

@@ -1,8 +1,10 @@
 """``GET /v1/agents/{agent_id}/threads/{thread_id}/context``: one turn's context.
 
-Answers ``{"messages": [{"role", "content"}], "pinned": [entry], "summary": summary or null,
-"window": n}`` (see ``agents_ctx.context`` for the order and the guarantees). Window
-messages that carry tool calls keep ``tool_calls`` / ``tool_call_id``.
+Answers ``{"messages": [...], "pinned": [entry], "summary": summary or null, "window": n}``
+(see ``agents_ctx.context`` for the order and the guarantees). The messages are in the
+OpenAI Chat Completions shape (hand them to ``chat.completions.create`` as they are); with
+``?format=anthropic`` they are Anthropic Messages turns and the system text is apart in
+``"system"``.
 
 Query parameters, for a delegated sub-agent: ``parent_thread_id`` (the thread it was
 delegated from) and optionally ``parent_agent_id`` (default: the same agent). The sub-agent
@@ -19,6 +21,7 @@ from fastapi import APIRouter, Request
 from memstream.agents_ctx.context import ContextReader, parse_parent
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
+from memstream.agents_ctx.message_shapes import check_format
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
 
@@ -28,6 +31,7 @@ async def get_context(
     thread_id: str, request: Request, caller: CallerDep, svc: ServicesDep
 ) -> JSONResponse:
     q = request.query_params
+    fmt = check_format(q.get("format"))
     parent = parse_parent(q.get("parent_thread_id"), q.get("parent_agent_id"), caller.agent_id)
     ctx = await ContextReader.from_services(svc).context(caller, thread_id, parent)
-    return JSONResponse(ctx.to_dict())
+    return JSONResponse(ctx.to_dict(fmt))

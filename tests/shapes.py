@@ -1,0 +1,70 @@
+"""Strict checks of message shapes against the ``openai`` and ``anthropic`` packages' own
+request types (TypedDicts).
+
+pydantic validates those TypedDicts leniently (extra keys ignored, ``Iterable`` fields checked
+lazily), so this walks the type annotations itself: a value conforms to a TypedDict when every
+required key is present, no unknown key is there, and every value conforms to its annotation.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import types
+from typing import Any, Literal, NotRequired, Required, Union, get_args, get_origin, get_type_hints
+
+from anthropic.types import MessageParam
+from openai.types.chat import ChatCompletionMessageParam
+from typing_extensions import is_typeddict
+
+
+def _errors(value: Any, tp: Any, where: str) -> list[str]:
+    origin = get_origin(tp)
+    if tp is Any or tp is object:
+        return []
+    if origin in (Required, NotRequired) or str(origin).endswith(("Required", "NotRequired")):
+        return _errors(value, get_args(tp)[0], where)
+    if origin in (Union, types.UnionType):
+        options = [_errors(value, t, where) for t in get_args(tp)]
+        if any(not o for o in options):
+            return []
+        return [f"{where}: matches no member of {tp}: {min(options, key=len)}"]
+    if origin is Literal:
+        return [] if value in get_args(tp) else [f"{where}: {value!r} not in {get_args(tp)}"]
+    if tp is type(None):
+        return [] if value is None else [f"{where}: expected null"]
+    if tp is str:
+        return [] if isinstance(value, str) else [f"{where}: expected a string"]
+    if tp is bool:
+        return [] if isinstance(value, bool) else [f"{where}: expected a boolean"]
+    if tp in (int, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return [] if ok else [f"{where}: expected a number"]
+    if origin in (collections.abc.Iterable, list, collections.abc.Sequence):
+        if not isinstance(value, list):
+            return [f"{where}: expected a list"]
+        (item,) = get_args(tp)
+        return [e for i, v in enumerate(value) for e in _errors(v, item, f"{where}[{i}]")]
+    if origin in (dict, collections.abc.Mapping):
+        return [] if isinstance(value, dict) else [f"{where}: expected an object"]
+    if is_typeddict(tp):
+        if not isinstance(value, dict):
+            return [f"{where}: expected an object ({tp.__name__})"]
+        hints = get_type_hints(tp, include_extras=True)
+        required = tp.__required_keys__
+        errs = [f"{where}.{k}: missing" for k in required if k not in value]
+        errs += [f"{where}.{k}: not a field of {tp.__name__}" for k in value if k not in hints]
+        for k, v in value.items():
+            if k in hints:
+                errs += _errors(v, hints[k], f"{where}.{k}")
+        return errs
+    return [f"{where}: cannot check {tp!r}"]
+
+
+def openai_errors(messages: object) -> list[str]:
+    """Why ``messages`` would not type as ``Iterable[ChatCompletionMessageParam]`` ([] if ok)."""
+    return _errors(messages, list[ChatCompletionMessageParam], "messages")
+
+
+def anthropic_errors(messages: object) -> list[str]:
+    """Why ``messages`` would not type as ``Iterable[anthropic.types.MessageParam]``."""
+    return _errors(messages, list[MessageParam], "messages")
