@@ -148,6 +148,7 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiSt
         stores["journal_tool_calls"] == 4 and stores["journal_sequence"] == 16
     )  # + thread.created
     assert stores["clickhouse"] > 0 and stores["summaries"] == 8 and stores["redis"] >= 4
+    assert stores["qdrant"] == 2 and stores["embedding_cache"] >= 2
 
     for ref in erased:
         h = s.headers(user="alice")

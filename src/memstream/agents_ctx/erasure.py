@@ -282,12 +282,13 @@ class Erasures:
                 e.account_id,
                 user_id,
             )
-            gone = [redacted(tombstone_of_row(r)) for r in rows]
+            last = [tombstone_of_row(r) for r in rows]
+            gone = [redacted(t) for t in last]
             await append_events(conn, "memory.forgotten", gone, now)
         counts: Counter[str] = Counter(postgres_entries=len(gone))
         index = self._svc.memory_index
-        if index is not None and gone:
-            points, cached = await index.erase(gone)
+        if index is not None and last:  # the last states: their texts key the embedding cache
+            points, cached = await index.erase(last)
             counts.update(qdrant=points, embedding_cache=cached)
         await self._count(e.erasure_id, counts)
 
