@@ -189,6 +189,16 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiSt
     await restarted.write_journal_batch(in_kafka)
     assert await svc.message_store.threads_of_user("acme", "alice") == []
     assert await svc.message_store.thread_row_counts("acme", "bot", "bob-1") != (0, 0)
+    # `replay memory` re-reads every memory event (the topic keeps alice's memory.stored,
+    # with content): the index neither re-indexes nor re-embeds the erased states
+    cache = svc.memory_index.embedder
+    assert isinstance(cache, CachingEmbedder)
+    cached_before = cache.misses
+    await project(s.pool, svc.memory_index, 0)
+    assert cache.misses == cached_before  # nothing embedded again
+    hits = await svc.memory_index.query("acme", "bot", "alice", SECRET, 10, None, datetime.now(UTC))
+    assert all(owner != "alice" for (owner, _), _ in hits)
+    assert ("", "team") not in {ref for ref, _ in hits}
     # the other user lost nothing
     assert len(await s.journal.last(kept, 100)) == 3
     assert await svc.summary_store.get(kept) is not None

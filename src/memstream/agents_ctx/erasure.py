@@ -285,9 +285,25 @@ class Erasures:
             last = [tombstone_of_row(r) for r in rows]
             gone = [redacted(t) for t in last]
             await append_events(conn, "memory.forgotten", gone, now)
+            # the index never re-applies these states (the topic still has them)
+            await conn.execute(
+                "INSERT INTO erased_entries (account_id, agent_id, owner, key, version, "
+                "erasure_id) SELECT $1, g, o, k, v, $6 FROM unnest($2::text[], $3::text[], "
+                "$4::text[], $5::bigint[]) AS u(g, o, k, v) ON CONFLICT "
+                "(account_id, agent_id, owner, key) DO UPDATE SET version = "
+                "greatest(erased_entries.version, EXCLUDED.version)",
+                e.account_id,
+                [t.agent_id for t in gone],
+                [t.owner for t in gone],
+                [t.key for t in gone],
+                [t.version for t in gone],
+                e.erasure_id,
+            )
         counts: Counter[str] = Counter(postgres_entries=len(gone))
         index = self._svc.memory_index
         if index is not None and last:  # the last states: their texts key the embedding cache
+            for t in gone:
+                index.erased.add((t.account_id, t.agent_id, t.owner, t.key), t.version)
             points, cached = await index.erase(last)
             counts.update(qdrant=points, embedding_cache=cached)
         await self._count(e.erasure_id, counts)

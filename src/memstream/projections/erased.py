@@ -1,4 +1,5 @@
-"""``ErasedThreads``: the threads erasure removed, which no projection may bring back.
+"""``ErasedThreads`` and ``ErasedEntries``: what erasure removed, which no projection may
+bring back.
 
 Erasure deletes a thread's rows everywhere, but the ``journal`` topic in Kafka still holds
 the thread's original ``message.appended`` events (see docs/owning-memory.md: the topic
@@ -72,3 +73,46 @@ class ErasedThreads:
             if ident not in self._ids:
                 out.append(v)
         return out
+
+
+EntryIdentity = tuple[str, str, str, str]
+
+
+class ErasedEntries:
+    """The memory entries erasure removed, by identity, with the version erased: the recall
+    index drops any upsert at or below it (the ``memory`` topic still holds the entry's
+    ``memory.stored`` events, so a replay would otherwise embed and index them again before
+    reaching the delete). Authority: ``erased_entries`` in Postgres; this is its copy,
+    loaded at start-up, updated by erasures in this process, reloaded every ``refresh_s``."""
+
+    def __init__(self, pool: asyncpg.Pool | None = None, *, refresh_s: float = 5.0) -> None:
+        self._versions: dict[EntryIdentity, int] = {}
+        self._pool = pool
+        self._refresh_s = refresh_s
+        self._loaded_at = 0.0
+
+    def add(self, identity: EntryIdentity, version: int) -> None:
+        self._versions[identity] = max(version, self._versions.get(identity, version))
+
+    def covers(self, identity: EntryIdentity, version: int) -> bool:
+        """True when this state of the entry was erased (or an older one)."""
+        erased = self._versions.get(identity)
+        return erased is not None and version <= erased
+
+    def __len__(self) -> int:
+        return len(self._versions)
+
+    async def load(self) -> int:
+        if self._pool is None:
+            return len(self._versions)
+        rows = await self._pool.fetch(
+            "SELECT account_id, agent_id, owner, key, version FROM erased_entries"
+        )
+        for r in rows:
+            self.add((r["account_id"], r["agent_id"], r["owner"], r["key"]), int(r["version"]))
+        self._loaded_at = time.monotonic()
+        return len(self._versions)
+
+    async def refresh(self) -> None:
+        if self._pool is not None and time.monotonic() - self._loaded_at >= self._refresh_s:
+            await self.load()

@@ -128,10 +128,9 @@ class MemorySink:
         embedding cache, so a replay embeds only texts the cache has never seen)."""
         if self._target is None or self._target[0] != generation:
             env = environment_of(self.base, generation)
-            self._target = (
-                generation,
-                MemoryIndex(self.live.backend, self.live.embedder, environment=env),
-            )
+            index = MemoryIndex(self.live.backend, self.live.embedder, environment=env)
+            index.erased = self.live.erased
+            self._target = (generation, index)
         return self._target[1]
 
     async def prepare(self, generation: int, *, fresh: bool) -> None:

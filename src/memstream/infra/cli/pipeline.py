@@ -59,10 +59,12 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     if close is not None:
         stoppers.append(close)
     # the registry of erased threads the projection never writes again (docs/owning-memory.md)
-    from memstream.projections.erased import ErasedThreads
+    from memstream.projections.erased import ErasedEntries, ErasedThreads
 
     store.erased = ErasedThreads(stack.pool)
     await store.erased.load()
+    index.erased = ErasedEntries(stack.pool)
+    await index.erased.load()
     svc.message_store = store
 
     svc.summary_store = SummaryStore(open_object_store(s), stack.redis)

@@ -19,6 +19,7 @@ from datetime import datetime
 from qdrant_edge import Bm25
 
 from memstream.infra.embeddings import Embedder
+from memstream.projections.erased import ErasedEntries
 from memstream.projections.memory_index.layout import (
     RecallScope,
     collection_name,
@@ -54,6 +55,8 @@ class MemoryIndex:
         self.environment = environment
         self._prefetch = prefetch_limit
         self._bm25 = Bm25()
+        # erased entry states are never indexed (nor embedded) again, replay included
+        self.erased = ErasedEntries()
         self._written_since_optimize: dict[str, int] = defaultdict(int)
 
     def collection(self, account_id: str) -> str:
@@ -79,6 +82,11 @@ class MemoryIndex:
         return done
 
     async def _upsert(self, ups: list[Upsert]) -> int:
+        if len(self.erased):
+            await self.erased.refresh()
+            ups = [u for u in ups if not self.erased.covers(u.identity, u.version)]
+            if not ups:
+                return 0
         vectors = await self.embedder.embed([document_text(u.entry) for u in ups])
         by_coll: dict[str, list[IndexPoint]] = defaultdict(list)
         for u, dense in zip(ups, vectors, strict=True):
