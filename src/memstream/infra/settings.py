@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     openai_base_url: str = ""
     openai_chat_model: str = "gpt-4o-mini"
     openai_embedding_model: str = "text-embedding-3-small"
+    semantic_screen: bool = Field(
+        default=True,
+        description="Reject memory content semantically close to prompt injections "
+        "(offline embedder; bench/screening.py).",
+    )
 
     # --- surfaces ---------------------------------------------------------------------------
     host: str = "127.0.0.1"

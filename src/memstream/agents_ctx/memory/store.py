@@ -48,8 +48,9 @@ from memstream.agents_ctx.memory.outbox import (
     upsert_entry,
 )
 from memstream.agents_ctx.memory.ports import IndexHit, MemoryIndexPort
+from memstream.agents_ctx.memory.semantic_screen import SemanticScreen
 from memstream.clock import Clock, epoch_ms
-from memstream.errors import InvalidRequest
+from memstream.errors import InvalidRequest, PromptInjection
 from memstream.infra.accounts import Accounts
 from memstream.schemas.events import encode, memory_event
 from memstream.schemas.limits import PIN_MAX_ENTRIES, PIN_MIN_IMPORTANCE
@@ -163,8 +164,11 @@ class MemoryService:
         metrics: Metrics | None = None,
         index_timeout_s: float = INDEX_TIMEOUT_S,
         binding: MemoryBinding | None = None,
+        semantic_screen: SemanticScreen | None = None,
     ) -> None:
         self._pool = pool
+        # the second injection screen, after the patterns (None: patterns only)
+        self._semantic = semantic_screen
         # the Memory binding is read through this (pass the surfaces' ``Accounts`` so that
         # a PUT /v1/agents/{id} through them is seen at once)
         self._binding: MemoryBinding = binding if binding is not None else Accounts(pool)
@@ -196,6 +200,10 @@ class MemoryService:
             importance=importance,
             user_id=caller.user_id,
         )
+        if self._semantic is not None and await self._semantic.is_injection(req.content):
+            raise PromptInjection(
+                "content resembles a prompt injection (semantic screen)", field="content"
+            )
         now = self._clock.now()
         async with self._pool.acquire() as conn, conn.transaction():
             await lock_agent(conn, caller.account_id, caller.agent_id)

