@@ -255,3 +255,53 @@ async def test_thread_erasure_resumes_after_a_crash_half_way(
     assert len(await s.journal.last(other, 10)) == 3
     r = await s.client.get(f"/v1/erasures/{erasure_id}", headers=s.headers(key=s.other_key))
     assert r.status_code == 404  # another account cannot see it
+
+
+async def test_erasing_a_user_under_load_loses_nothing_of_others(stack: ApiStack) -> None:
+    """Other users append to their threads while a user is erased (the erasure rewrites
+    sequence blocks shared with them): every one of their messages and envelopes is kept,
+    byte for byte, and the erased user's appends are refused once it starts."""
+    s, svc = stack, stack.services
+    assert svc.erasures is not None
+    admin = await svc.accounts.create_key("acme", admin=True)
+    for i in range(4):
+        await seed_thread(s, "busy", f"erin-{i}", "erin", "pelican-custard")
+    others = [await seed_thread(s, "busy", f"o-{u}", u, "kept") for u in ("finn", "gwen", "hal")]
+    assert svc.message_store is not None
+    await project_journal(s, svc.message_store)
+
+    appended: dict[ThreadRef, int] = dict.fromkeys(others, 3)
+
+    async def writer(ref: ThreadRef, user: str) -> None:
+        for n in range(40):
+            r = await s.client.post(
+                f"/v1/agents/busy/threads/{ref.thread_id}/messages",
+                json={"role": "user", "content": f"{user} keeps writing {n}"},
+                headers=s.headers(user=user),
+            )
+            assert r.status_code == 201, r.text
+            appended[ref] += 1
+            await asyncio.sleep(0)
+
+    r = await s.client.post("/v1/users/erin/erase", headers=s.headers(key=admin))
+    erasure_id = r.json()["erasure_id"]
+    await asyncio.gather(
+        *(writer(ref, ref.thread_id[2:]) for ref in others), wait_done(s, erasure_id, admin)
+    )
+    for ref in others:
+        msgs = await s.journal.last(ref, 1000)
+        assert len(msgs) == appended[ref] == 43
+        assert [m.offset for m in msgs] == list(range(43))
+    mine = [
+        env
+        for _, env in await s.journal.read_seq(0, 1_000_000)
+        if b'"busy"' in env and b"keeps writing" in env
+    ]
+    assert len(mine) == 120  # every other user's envelope is still in the sequence log
+    assert await journal_mentions(s, "pelican-custard") == 0
+    r = await s.client.post(
+        "/v1/agents/busy/threads/erin-0/messages",
+        json={"role": "user", "content": "still here?"},
+        headers=s.headers(user="erin"),
+    )
+    assert r.status_code == 404  # an erased thread takes no appends

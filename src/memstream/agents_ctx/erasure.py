@@ -4,7 +4,9 @@ An erasure is a row in ``erasures`` (Postgres) that runs to completion in the ba
 
 1. **Register** the threads in ``erased_threads`` first: from then on nothing re-creates
    them (consumers and replays drop events of registered threads; see
-   ``docs/owning-memory.md``), and a resumed run knows which threads it had found.
+   ``docs/owning-memory.md``), and a resumed run knows which threads it had found. Their
+   records are flagged deleted (metadata cleared) at once, so appends are refused while
+   the erasure runs.
 2. **Memory entries** (user erasure): the user's entries of every agent of the account are
    deleted in one transaction with ``memory.forgotten`` events whose entry carries no
    content (key and version only, so replaying the ``memory`` topic ends deleted); their
@@ -12,7 +14,6 @@ An erasure is a row in ``erasures`` (Postgres) that runs to completion in the ba
 3. **Journal**: messages, tool calls and sequence-log envelopes (``Journal.erase_threads``).
 4. **Summaries**: every summary object and every Redis key of each thread.
 5. **ClickHouse**: the message rows and owner rows of each thread.
-6. **Thread record**: flagged deleted, metadata cleared.
 
 Every step is idempotent, so an erasure interrupted anywhere (a crash, a failing store) is
 resumed by running it again from the start: ``resume()`` does that for every erasure still
@@ -259,6 +260,19 @@ class Erasures:
         refs = [ThreadRef(e.account_id, r["agent_id"], r["thread_id"]) for r in rows]
         if self._svc.message_store is not None:  # the projection drops them from now on
             self._svc.message_store.erased.add(refs)
+        # the records are flagged deleted before the journal is touched, so appends to the
+        # threads are refused (404) while the erasure runs and none lands after its scan
+        status = await self._pool.execute(
+            "UPDATE threads SET deleted = true, metadata = '{}'::jsonb, updated_at = now() "
+            "FROM unnest($2::text[], $3::text[]) AS u(g, t) WHERE account_id = $1 "
+            "AND agent_id = u.g AND thread_id = u.t AND (NOT deleted OR metadata <> '{}'::jsonb)",
+            e.account_id,
+            [r.agent_id for r in refs],
+            [r.thread_id for r in refs],
+        )
+        for ref in refs:
+            self._svc.threads.forget(ref)
+        await self._count(e.erasure_id, {"postgres_threads": int(str(status).split()[-1])})
         return refs
 
     async def _count(self, erasure_id: str, counts: Mapping[str, int]) -> None:
@@ -332,16 +346,6 @@ class Erasures:
                     ref.account_id, ref.agent_id, ref.thread_id
                 )
                 await self._count(e.erasure_id, {"clickhouse": rows})
-            status = await self._pool.execute(
-                "UPDATE threads SET deleted = true, metadata = '{}'::jsonb, updated_at = now() "
-                "WHERE account_id = $1 AND agent_id = $2 AND thread_id = $3 "
-                "AND (NOT deleted OR metadata <> '{}'::jsonb)",
-                ref.account_id,
-                ref.agent_id,
-                ref.thread_id,
-            )
-            self._svc.threads.forget(ref)
-            await self._count(e.erasure_id, {"postgres_threads": int(str(status).split()[-1])})
 
 
 async def erased_threads(pool: asyncpg.Pool, account_id: str) -> set[tuple[str, str]]:
