@@ -379,3 +379,39 @@ async def test_the_semantic_screen_rejects_paraphrased_injections(
         ]
     ):
         assert (await svc.store(c, f"ok{i}", text, "project_fact", "shared")).status == "created"
+
+
+async def test_expiry_follows_expires_at_after_a_replace(pg_pool: asyncpg.Pool) -> None:
+    """An observation replaced on day 20 is visible until day 50 and the daily pass keeps
+    it until then (it used to delete it on day 30, from created_at); a replace that changes
+    the category applies that category's expiry."""
+    clock = FixedClock(T0)
+    svc = MemoryService(pg_pool, clock, binding=EVERY_AGENT_BOUND)
+    c = fresh_agent("u1")
+    await svc.store(c, "obs", "build was slow today", "observation", "shared")
+    await svc.store(c, "promoted", "deploys are manual", "observation", "shared")
+    await svc.store(c, "demoted", "the CI uses GitHub Actions", "project_fact", "shared")
+    clock.set(T0 + timedelta(days=20))
+    assert (await svc.store(c, "obs", "build was fast today", "observation", "shared")).status == (
+        "replaced"
+    )
+    promoted = await svc.store(c, "promoted", "deploys are manual", "project_fact", "shared")
+    assert promoted.status == "replaced" and promoted.entry.expires_at is None
+    demoted = await svc.store(c, "demoted", "the CI moved to Buildkite", "observation", "shared")
+    assert demoted.entry.expires_at == T0 + timedelta(days=50)
+
+    async def keys_after_hygiene(day: float) -> set[str]:
+        clock.set(T0 + timedelta(days=day))
+        await run_hygiene(pg_pool, clock)
+        rows = await pg_pool.fetch(
+            "SELECT key FROM memory_entries WHERE account_id=$1 AND agent_id=$2",
+            c.account_id,
+            c.agent_id,
+        )
+        stored = {r["key"] for r in rows}
+        assert stored == {e.key for e in await svc.list_visible(c)}  # reads agree with it
+        return stored
+
+    assert await keys_after_hygiene(30) == {"obs", "promoted", "demoted"}
+    assert await keys_after_hygiene(50 - 1 / 86400) == {"obs", "promoted", "demoted"}
+    assert await keys_after_hygiene(50) == {"promoted"}  # a project fact never expires

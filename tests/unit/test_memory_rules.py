@@ -331,6 +331,16 @@ def test_same_key_identical_content_is_unchanged_even_when_full() -> None:
     assert policy.decide_store(req, existing, policy.Usage(100, 30), NOW) == "unchanged"
 
 
+def test_same_content_in_another_category_is_a_replace_with_its_expiry() -> None:
+    req = check(content="likes tea", category="observation")
+    existing = entry(content="likes tea", category="project_fact")
+    assert policy.decide_store(req, existing, policy.Usage(0, 0), NOW) == "replace"
+    replaced = policy.replaced_entry(existing, req, NOW, version=2)
+    assert replaced.category == "observation" and replaced.expires_at == NOW + timedelta(days=30)
+    with pytest.raises(CapacityExceeded):  # the new category must have room
+        policy.decide_store(req, existing, policy.Usage(500, 0), NOW)
+
+
 def test_same_key_different_content_replaces_skipping_capacity() -> None:
     req = check(content="likes coffee")
     assert policy.decide_store(req, entry(), policy.Usage(100, 30), NOW) == "replace"

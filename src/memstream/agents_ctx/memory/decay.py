@@ -1,8 +1,10 @@
 """Hygiene rules: expiry and importance decay, as pure functions of an entry and ``now``.
 
-- An entry whose ``expires_at`` has passed is expired (observations get ``expires_at`` =
-  creation + 30 days when stored, so "observations past 30 days" is the same rule; an
-  observation with no ``expires_at`` — e.g. imported — is expired 30 days after creation).
+- An entry whose ``expires_at`` has passed is expired, and only then: ``expires_at`` is the
+  one expiry, read the same way by recall, pinning and this pass (an observation gets
+  ``expires_at`` = store or replace + 30 days, so one replaced on day 20 lives until day
+  50, not day 30). Only an observation with no ``expires_at`` at all (a row written
+  without one) falls back to 30 days after creation.
 - ``project_fact`` and ``observation`` entries not recalled in 90 days (or, if never
   recalled, not created/replaced in 90 days) step their importance down by 0.1, never below
   0.1. ``user_profile`` is never decayed.
@@ -26,9 +28,9 @@ HygieneAction = Literal["expire", "decay", "keep"]
 
 
 def should_expire(entry: MemoryEntry, now: datetime) -> bool:
-    """Past its expiry, or an observation more than 30 days old."""
-    if entry.expires_at is not None and entry.expires_at <= now:
-        return True
+    """Past its ``expires_at``; an observation without one, 30 days after creation."""
+    if entry.expires_at is not None:
+        return entry.expires_at <= now
     return entry.category == "observation" and entry.created_at + OBSERVATION_TTL <= now
 
 

@@ -2,8 +2,9 @@
 
 ``run_hygiene(pool, clock)`` applies the pure rules of ``decay`` to every entry in Postgres:
 
-- entries past ``expires_at`` (and observations older than 30 days) are deleted, each with
-  a ``memory.expired`` outbox event;
+- entries past ``expires_at`` (the one expiry, as recall and pinning read it; only an
+  observation without ``expires_at`` falls back to 30 days after creation) are deleted,
+  each with a ``memory.expired`` outbox event;
 - ``project_fact`` and ``observation`` entries not recalled (or written) in 90 days step
   their importance down by 0.1 (floor 0.1), each with a ``memory.decayed`` event; the 90
   days restart after each step;
@@ -53,7 +54,8 @@ async def _expire_batch(conn: asyncpg.Connection, now: datetime) -> int:
             DELETE FROM memory_entries WHERE ctid IN (
                 SELECT ctid FROM memory_entries
                 WHERE (expires_at IS NOT NULL AND expires_at <= $1)
-                   OR (category = 'observation' AND created_at + make_interval(days => $2) <= $1)
+                   OR (expires_at IS NULL AND category = 'observation'
+                       AND created_at + make_interval(days => $2) <= $1)
                 LIMIT $3 FOR UPDATE SKIP LOCKED)
             RETURNING {ENTRY_COLUMNS}, {NEXT_VERSION} AS tomb_version
             """,

@@ -234,9 +234,14 @@ def decide_store(
     identity (``None`` if there is none) and the category's current usage.
 
     An expired entry at the same identity counts as absent (it is logically gone; the write
-    reuses its row, with a capacity check as for any new entry).
+    reuses its row, with a capacity check as for any new entry). The same content in the
+    same category is a no-op; a change of category is a replace that takes the new
+    category's expiry and needs room in the new category.
     """
     if existing is not None and not is_expired(existing, now):
+        if existing.category != req.category:
+            check_capacity(req.category, req.user_id, usage)
+            return "replace"
         if existing.content == req.content:
             return "unchanged"
         return "replace"
