@@ -53,12 +53,13 @@ async def test_erase_user_then_replays_bring_nothing_back(
                     headers=alice,
                 )
                 assert r.status_code == 201, r.text
-            r = await c.post(
-                "/v1/agents/bot/threads/b1/messages",
-                json={"role": "user", "content": f"my word is {KEPT}"},
-                headers=bob,
-            )
-            assert r.status_code == 201
+            for thread, word in (("b1", KEPT), ("b2", "ephemeral-walrus")):
+                r = await c.post(
+                    f"/v1/agents/bot/threads/{thread}/messages",
+                    json={"role": "user", "content": f"my word is {word}"},
+                    headers=bob,
+                )
+                assert r.status_code == 201
             for h, word in ((alice, SECRET), (bob, KEPT)):
                 r = await c.post(
                     "/v1/agents/bot/memory/store",
@@ -84,6 +85,17 @@ async def test_erase_user_then_replays_bring_nothing_back(
 
             await eventually(lambda: found(alice, SECRET), "alice's messages searchable")
             await eventually(lambda: found(bob, KEPT), "bob's messages searchable")
+            await eventually(lambda: found(bob, "ephemeral-walrus"), "bob's b2 searchable")
+
+            # bob erases one of his threads from the CLI; alice may not (not hers)
+            res = cli("erase", "thread", "bot", "b2", "--key", KEY, "--user", "alice", "--url", url)
+            assert res.returncode == 1 and "not_found" not in res.stdout
+            res = cli("erase", "thread", "bot", "b2", "--key", KEY, "--user", "bob", "--url", url)
+            assert res.returncode == 0, res.stdout + res.stderr
+            assert "clickhouse" in res.stdout and "done" in res.stdout
+            assert not await found(bob, "ephemeral-walrus")
+            r = await c.get("/v1/agents/bot/threads/b2/context", headers=bob)
+            assert r.status_code == 404
 
             # the memory commands: export every user's entries, import them into bot2
             exported = tmp_path / "bot.ndjson"
@@ -116,6 +128,7 @@ async def test_erase_user_then_replays_bring_nothing_back(
                     )
                     assert SECRET not in r.text and KEPT in r.text
                 assert await found(bob, KEPT) and await recalled(bob, KEPT)
+                assert not await found(bob, "ephemeral-walrus")  # the erased thread
 
             await nothing_of_alice()
             for args in (
