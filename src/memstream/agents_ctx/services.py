@@ -16,6 +16,7 @@ from memstream.errors import InfraError
 
 if TYPE_CHECKING:
     from memstream.agents_ctx.erasure import Erasures
+    from memstream.agents_ctx.console.ports import Operations
     from memstream.agents_ctx.memory.store import MemoryService
     from memstream.infra.accounts import Accounts
     from memstream.infra.journal import Journal
@@ -45,6 +46,7 @@ class Services:
     replays: ReplayHub | None = None  # projection rebuilds (POST /admin/replay/...)
     memory_index: MemoryIndex | None = None  # the recall index, for erasure's direct deletes
     erasures: Erasures | None = None  # erasure of threads and users (POST .../erase)
+    operations: Operations | None = None  # the console's view of the pipeline (lag, DLQ)
     _threads: ThreadAccess | None = field(default=None, repr=False)
 
     @property

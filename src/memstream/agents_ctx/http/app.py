@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.routing import Route
 
 from memstream import __version__
+from memstream.agents_ctx import console
 from memstream.agents_ctx.http import (
     admin_routes,
     context_routes,
@@ -83,4 +84,5 @@ def create_app(services: Services) -> FastAPI:
     app.router.routes.append(
         Route("/v1/agents/{agent_id}/mcp", endpoint=mcp, methods=["GET", "POST", "DELETE"])
     )
+    console.mount(app)  # /console: the operator pages (not in the OpenAPI schema)
     return app

@@ -16,6 +16,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
+from memstream.infra.cli.console_ops import PROCESSOR_TOPICS
 from memstream.infra.cli.main import (
     DataDir,
     app,
@@ -25,15 +26,9 @@ from memstream.infra.cli.main import (
     run,
     settings_for_running,
 )
-from memstream.schemas.topics import JOURNAL, MEMORY, SUMMARIES, Topics
+from memstream.schemas.topics import Topics
 
-#: every processor and the topic it consumes (names as ``memstream worker`` takes them)
-PROCESSOR_TOPICS: dict[str, str] = {
-    "counters": JOURNAL,
-    "summarizer": SUMMARIES,
-    "message-projector": JOURNAL,
-    "memory-projector": MEMORY,
-}
+__all__ = ["PROCESSOR_TOPICS"]
 
 dlq_app = typer.Typer(
     help="Dead letters: events a processor could not handle.", no_args_is_help=True

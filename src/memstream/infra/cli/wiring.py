@@ -125,6 +125,9 @@ class Stack:
             self._stoppers.append(erasures.close)
             await erasures.resume()  # finish erasures a crash interrupted
         if self.api:
+            from memstream.infra.cli.console_ops import StackOperations
+
+            self.services.operations = StackOperations(self)
             await self._start_api()
 
     async def _start_embedded(self, data_dir: Path) -> None:
