@@ -219,6 +219,17 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     ]
     r = api.post("/v1/agents/bot/threads/plan/messages", json={"messages": msgs})
     assert r.status_code == 201, r.text
+    call = {"id": "call-1", "name": "lookup_runbook", "arguments": {"service": "relay"}}
+    r = api.post(
+        "/v1/agents/bot/threads/plan/messages",
+        json={
+            "messages": [
+                {"role": "assistant", "content": "checking the runbook", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call-1", "content": "runbook line. " * 900},
+            ]
+        },
+    )
+    assert r.status_code == 201, r.text
     summary = wait_until(
         lambda: (
             api.get("/v1/agents/bot/threads/plan/summary").status_code == 200
@@ -235,6 +246,12 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     assert "version 1" in text(d, "#summary h2")
     assert summary["content"][:40] in text(d, "#summary .summary-text")
     assert "step 59" in text(d, "#window")
+    # the tool call, paged: 4 KB per page, the next page on demand
+    d.find_element(By.CSS_SELECTOR, ".toolcall button").click()
+    wait_until(lambda: "lookup_runbook" in text(d, ".tc"), 30, "the tool call's first page")
+    assert "bytes 0–4096 of" in text(d, ".tc")
+    d.find_element(By.CSS_SELECTOR, ".tc button").click()
+    wait_until(lambda: "bytes 4096–" in text(d, ".tc"), 30, "the tool call's second page")
     shot(d, "07-thread")
 
     # --- replay: start a rebuild, watch it finish ------------------------------------------------

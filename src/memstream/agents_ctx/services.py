@@ -15,8 +15,8 @@ from memstream.clock import Clock, SystemClock
 from memstream.errors import InfraError
 
 if TYPE_CHECKING:
-    from memstream.agents_ctx.erasure import Erasures
     from memstream.agents_ctx.console.ports import Operations
+    from memstream.agents_ctx.erasure import Erasures
     from memstream.agents_ctx.memory.store import MemoryService
     from memstream.infra.accounts import Accounts
     from memstream.infra.journal import Journal

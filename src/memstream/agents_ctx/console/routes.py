@@ -338,6 +338,14 @@ async def thread(
     )
 
 
+class _Operator:
+    """Thread visibility for an admin: every thread of every user (the console is not an
+    end user's surface)."""
+
+    async def visible(self, caller: Caller, ref: ThreadRef) -> bool:
+        return True
+
+
 @router.get("/toolcalls/{account}/{agent}/{tool_call_id}")
 async def tool_call(
     account: str, agent: str, tool_call_id: str, request: Request, session: SessionDep
@@ -350,9 +358,13 @@ async def tool_call(
         offset=int(raw) if raw.isdigit() else 0,
         length=4096,
         journal=svc.need_journal(),
-        store=None,  # an operator sees private threads too
+        threads=_Operator(),
+        thread_id=request.query_params.get("thread") or None,
     )
-    return page(request, "_toolcall.html", session, p=p, account=account, agent=agent)
+    thread = request.query_params.get("thread", "")
+    return page(
+        request, "_toolcall.html", session, p=p, account=account, agent=agent, thread=thread
+    )
 
 
 # --- replay ----------------------------------------------------------------------------------
