@@ -508,3 +508,27 @@ async def test_a_retried_or_raced_summary_flushes_its_span_once(
     assert written is not None and written.version == 1 and lost[0]
     assert len(extractor.seen) == turns  # the span was not flushed again
     assert ("user.name", "user_profile", "private") in await entries(pg_pool, ref)
+
+
+class StalledModel(ExtractiveSummaryModel):
+    async def summarize(self, previous: str | None, span: Sequence[Message], budget: int) -> str:
+        await asyncio.sleep(3600)  # a call that never answers
+        raise AssertionError("unreachable")
+
+
+async def test_a_stalled_model_call_fails_within_its_budget_and_frees_the_lock(
+    journal: Journal, counters: CountersProcessor, state: ThreadState, store: SummaryStore
+) -> None:
+    from memstream.errors import RetryableInfraError
+
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(50))
+    await count_all(counters, msgs)
+    s = SummarizerProcessor(
+        journal, state, store, StalledModel(), summary_timeout_s=0.3, clock=FixedClock()
+    )
+    started = time.monotonic()
+    with pytest.raises(RetryableInfraError):
+        await s.summarize(ref, 49)
+    assert time.monotonic() - started < 5  # not the SDK's 600 s
+    assert await state.try_lock(ref, 5) is not None  # the lock was released

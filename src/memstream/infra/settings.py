@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memstream.schemas.topics import DEFAULT_PREFIX
@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     openai_base_url: str = ""
     openai_chat_model: str = "gpt-4o-mini"
     openai_embedding_model: str = "text-embedding-3-small"
+    openai_timeout_s: float = Field(
+        default=20.0, gt=0, description="Per-attempt timeout of an OpenAI call (SDK default: 600)."
+    )
+    openai_max_retries: int = Field(
+        default=1, ge=0, le=5, description="The SDK's own retries of one call (SDK default: 2)."
+    )
     semantic_screen: bool = Field(
         default=True,
         description="Reject memory content semantically close to prompt injections "
@@ -110,6 +116,24 @@ class Settings(BaseSettings):
         default=7 * 24 * 3600, ge=1, description="Per-message side-effect claim lifetime."
     )
     flush_timeout_s: float = Field(default=30.0, gt=0, description="Pre-compaction flush limit.")
+
+    def model_call_budget_s(self) -> float:
+        """The longest one model call can take: every attempt's timeout plus the SDK's
+        backoff between attempts (at most 2 s each at these retry counts)."""
+        return self.openai_timeout_s * (self.openai_max_retries + 1) + 2.0 * self.openai_max_retries
+
+    @model_validator(mode="after")
+    def _calls_fit_in_the_summary_lock(self) -> Settings:
+        """One summary job (the flush, then one summary call) must end before its lock can
+        expire, or a second worker could summarize the same span meanwhile."""
+        need = self.flush_timeout_s + self.model_call_budget_s() + 10.0
+        if self.summary_lock_ttl_s < need:
+            raise ValueError(
+                f"summary_lock_ttl_s ({self.summary_lock_ttl_s:g}) must be at least "
+                f"flush_timeout_s + the model call budget + 10 s = {need:g} "
+                "(lower openai_timeout_s / openai_max_retries or raise the lock)"
+            )
+        return self
 
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser().resolve()

@@ -115,6 +115,7 @@ class SummarizerProcessor(Processor):
         lock_ttl_s: float = 120.0,
         journal_wait_s: float = 5.0,
         flush_timeout_s: float = 30.0,
+        summary_timeout_s: float = 60.0,
         clock: Clock | None = None,
         name: str = "summarizer",
     ) -> None:
@@ -130,6 +131,7 @@ class SummarizerProcessor(Processor):
         self._lock_ttl = lock_ttl_s
         self._journal_wait = journal_wait_s
         self._flush_timeout = flush_timeout_s
+        self._summary_timeout = summary_timeout_s
         self._clock = clock or SystemClock()
         self._ctx: ProcessorContext | None = None
 
@@ -163,9 +165,7 @@ class SummarizerProcessor(Processor):
                 start = prev.last_message_offset + 1 if prev is not None else 0
                 span = await self._read_span(ref, start, up_to)
                 await self._flush(ref, span)
-                content = await self._model.summarize(
-                    prev.content if prev is not None else None, span, self._budget
-                )
+                content = await self._summarize(prev, span)
                 summary = Summary(
                     version=(prev.version if prev is not None else 0) + 1,
                     timestamp=self._clock.now(),
@@ -194,6 +194,19 @@ class SummarizerProcessor(Processor):
                 return summary
         finally:
             await self._state.unlock(ref, token)
+
+    async def _summarize(self, prev: Summary | None, span: Sequence[Message]) -> str:
+        """One bounded model call: a stalled call fails (and is retried by the dispatcher)
+        instead of outliving the summary lock."""
+        try:
+            async with asyncio.timeout(self._summary_timeout):
+                return await self._model.summarize(
+                    prev.content if prev is not None else None, span, self._budget
+                )
+        except TimeoutError:
+            raise RetryableInfraError(
+                f"the summary model took more than {self._summary_timeout:g} s"
+            ) from None
 
     async def _lock(self, ref: ThreadRef) -> str:
         """Wait for the lock; a holder that crashed loses it when it expires."""

@@ -40,9 +40,13 @@ def build_models(settings: Settings) -> tuple[SummaryModel, FactExtractor]:
     if settings.llm_provider == "openai":
         from openai import AsyncOpenAI  # noqa: PLC0415 - only needed on this path
 
+        # explicit bounds: the SDK's defaults (600 s per attempt, 2 retries) could outlive
+        # the summary lock; the processor's dispatcher retries a failed job anyway
         client = AsyncOpenAI(
             api_key=settings.openai_api_key.get_secret_value() or "unset",
             base_url=settings.openai_base_url or None,
+            timeout=settings.openai_timeout_s,
+            max_retries=settings.openai_max_retries,
         )
         model = settings.openai_chat_model
         return OpenAISummaryModel(client, model), OpenAIFactExtractor(client, model)
