@@ -12,11 +12,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 
 from memstream.agents_ctx.http.bodies import read_object
+from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import ServicesDep, services
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.http.threads_routes import journal_created
 from memstream.agents_ctx.validation import check_id, parse_append_body
 from memstream.errors import Unauthorized
+from memstream.schemas import wire
 from memstream.schemas.records import ThreadRef
 
 
@@ -34,7 +36,10 @@ async def admin(
 router = APIRouter(prefix="/admin", dependencies=[Depends(admin)])
 
 
-@router.post("/append")
+@router.post(
+    "/append",
+    **contract(body=wire.AdminAppendBody, answer=wire.Appended, errors=(400, 401, 413, 503)),
+)
 async def append(request: Request, svc: ServicesDep) -> JSONResponse:
     """``{"account_id", "agent_id", "thread_id", "user_id"?, "messages": [...]}``."""
     body = await read_object(request)

@@ -17,6 +17,7 @@ from memstream.agents_ctx import console
 from memstream.agents_ctx.http import (
     admin_routes,
     context_routes,
+    contract,
     entries_routes,
     erasure_routes,
     errors,
@@ -29,6 +30,7 @@ from memstream.agents_ctx.http import (
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.mcp_http import McpEndpoint
 from memstream.agents_ctx.services import Services
+from memstream.schemas import wire
 from memstream.schemas.limits import MAX_REQUEST_BYTES
 
 
@@ -41,6 +43,7 @@ def create_app(services: Services) -> FastAPI:
     )
     app.state.services = services
     errors.install(app)
+    contract.install(app)
 
     @app.middleware("http")
     async def limit_body(
@@ -56,7 +59,7 @@ def create_app(services: Services) -> FastAPI:
             )
         return await call_next(request)
 
-    @app.get("/healthz")
+    @app.get("/healthz", **contract.contract(answer=wire.Health, errors=(), other={503: wire.Health}))
     async def healthz() -> JSONResponse:
         parts = dict(services.health)
         ok = all(parts.values())

@@ -19,14 +19,18 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from memstream.agents_ctx.context import ContextReader, parse_parent
+from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.message_shapes import check_format
+from memstream.schemas import wire
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
 
 
-@router.get("/threads/{thread_id}/context")
+@router.get(
+    "/threads/{thread_id}/context", **contract(answer=wire.Context, errors=(400, 401, 404, 503))
+)
 async def get_context(
     thread_id: str, request: Request, caller: CallerDep, svc: ServicesDep
 ) -> JSONResponse:

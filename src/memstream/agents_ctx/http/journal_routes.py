@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from memstream.agents_ctx.http.bodies import read_object
+from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.journal_tools import journal_message_search, journal_tool_call_view
@@ -19,6 +20,7 @@ from memstream.errors import InfraError, InvalidRequest
 from memstream.infra.llm.ports import SummaryModel
 from memstream.infra.llm.summary import ExtractiveSummaryModel
 from memstream.projections.messages import MessageStore
+from memstream.schemas import wire
 from memstream.schemas.limits import SEARCH_DEFAULT_LIMIT, TOOL_VIEW_MAX_BYTES
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
@@ -44,7 +46,10 @@ def _query_int(request: Request, name: str, default: int) -> int:
         raise InvalidRequest(f"{name} must be an integer", field=name) from None
 
 
-@router.post("/journal/search")
+@router.post(
+    "/journal/search",
+    **contract(body=wire.SearchBody, answer=wire.SearchResult, errors=(400, 401, 404, 503)),
+)
 async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await read_object(request)
     await wait_for_messages(svc, caller, body.get("after"))  # read-your-writes
@@ -61,7 +66,10 @@ async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONR
     return JSONResponse(result.to_dict())
 
 
-@router.get("/journal/tool-calls/{tool_call_id}")
+@router.get(
+    "/journal/tool-calls/{tool_call_id}",
+    **contract(answer=wire.ToolCallPage, errors=(400, 401, 404, 503)),
+)
 async def tool_call(
     tool_call_id: str, request: Request, caller: CallerDep, svc: ServicesDep
 ) -> JSONResponse:

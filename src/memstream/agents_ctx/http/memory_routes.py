@@ -16,15 +16,19 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from memstream.agents_ctx.http.bodies import read_object
+from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.agents_ctx.read_your_writes import wait_for_memory
 from memstream.agents_ctx.services import Services
 from memstream.errors import InfraError
+from memstream.schemas import wire
 from memstream.schemas.records import JSONObject
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
+
+MEMORY_ERRORS = (400, 401, 403, 409, 422, 503)
 
 
 def _memory(svc: Services) -> MemoryService:
@@ -33,7 +37,9 @@ def _memory(svc: Services) -> MemoryService:
     return svc.memory
 
 
-@router.post("/memory/store")
+@router.post(
+    "/memory/store", **contract(body=wire.StoreBody, answer=wire.Stored, errors=MEMORY_ERRORS)
+)
 async def memory_store(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await read_object(request)
     result = await _memory(svc).store(
@@ -50,7 +56,9 @@ async def memory_store(request: Request, caller: CallerDep, svc: ServicesDep) ->
     )
 
 
-@router.post("/memory/recall")
+@router.post(
+    "/memory/recall", **contract(body=wire.RecallBody, answer=wire.Recalled, errors=MEMORY_ERRORS)
+)
 async def memory_recall(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await read_object(request)
     await wait_for_memory(svc, caller, body.get("after"))  # read-your-writes
@@ -65,7 +73,9 @@ async def memory_recall(request: Request, caller: CallerDep, svc: ServicesDep) -
     return JSONResponse({"results": results, "source": result.source})
 
 
-@router.post("/memory/forget")
+@router.post(
+    "/memory/forget", **contract(body=wire.ForgetBody, answer=wire.Forgotten, errors=MEMORY_ERRORS)
+)
 async def memory_forget(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await read_object(request)
     return JSONResponse({"forgotten": await _memory(svc).forget(caller, body.get("key"))})

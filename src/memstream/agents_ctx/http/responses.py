@@ -1,12 +1,15 @@
-"""``JSONResponse``: orjson-rendered JSON (FastAPI deprecated its ORJSON response class)."""
+"""``JSONResponse``: orjson-rendered JSON (FastAPI deprecated its ORJSON response class).
+
+It subclasses Starlette's ``JSONResponse`` so FastAPI documents a route's ``response_model``
+under it (a plain ``Response`` subclass is documented as a string)."""
 
 from __future__ import annotations
 
 import orjson
-from starlette.responses import Response
+from starlette.responses import JSONResponse as _StarletteJSON
 
 
-class JSONResponse(Response):
+class JSONResponse(_StarletteJSON):
     media_type = "application/json"
 
     def render(self, content: object) -> bytes:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.errors import InfraError, NotFound
+from memstream.schemas import wire
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
 
 
-@router.get("/threads/{thread_id}/summary")
+@router.get(
+    "/threads/{thread_id}/summary", **contract(answer=wire.Summary, errors=(400, 401, 404, 503))
+)
 async def get_summary(thread_id: str, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     ref = svc.threads.ref(caller, thread_id)
     if svc.summary_store is None:

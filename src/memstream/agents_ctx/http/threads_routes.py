@@ -15,6 +15,7 @@ import uuid
 from fastapi import APIRouter, Request, Response
 
 from memstream.agents_ctx.http.bodies import read_json
+from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.services import Services
@@ -22,6 +23,7 @@ from memstream.agents_ctx.validation import parse_append_body, parse_thread_body
 from memstream.clock import epoch_ms
 from memstream.errors import InvalidRequest
 from memstream.infra.accounts import Thread
+from memstream.schemas import wire
 from memstream.schemas.events import thread_event
 from memstream.schemas.records import ThreadRef
 
@@ -43,7 +45,7 @@ async def journal_created(svc: Services, thread: Thread) -> None:
     )
 
 
-@router.put("")
+@router.put("", **contract(body=wire.AgentBody, answer=wire.Agent))
 async def configure_agent(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     body = await read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("memory"), bool):
@@ -54,7 +56,13 @@ async def configure_agent(request: Request, caller: CallerDep, svc: ServicesDep)
     return JSONResponse({"agent_id": agent.agent_id, "memory": agent.memory})
 
 
-@router.post("/threads", status_code=201)
+@router.post(
+    "/threads",
+    status_code=201,
+    **contract(
+        body=wire.ThreadBody, answer=wire.Thread, errors=(400, 401, 404, 503), body_required=False
+    ),
+)
 async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     thread_id, metadata = parse_thread_body(await read_json(request))
     ref = ThreadRef(caller.account_id, caller.agent_id, thread_id or uuid.uuid4().hex)
@@ -64,7 +72,11 @@ async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -
     return JSONResponse({"thread_id": ref.thread_id, "metadata": thread.metadata}, status_code=201)
 
 
-@router.post("/threads/{thread_id}/messages", status_code=201)
+@router.post(
+    "/threads/{thread_id}/messages",
+    status_code=201,
+    **contract(body=wire.AppendBody, answer=wire.Appended, errors=(400, 401, 404, 413, 503)),
+)
 async def append_messages(
     request: Request, thread_id: str, caller: CallerDep, svc: ServicesDep
 ) -> JSONResponse:
@@ -84,7 +96,7 @@ async def append_messages(
     )
 
 
-@router.delete("/threads/{thread_id}", status_code=204)
+@router.delete("/threads/{thread_id}", status_code=204, **contract(errors=(400, 401, 404, 503)))
 async def delete_thread(thread_id: str, caller: CallerDep, svc: ServicesDep) -> Response:
     ref = svc.threads.ref(caller, thread_id)
     await svc.threads.delete(caller, ref)

@@ -1,0 +1,264 @@
+"""The HTTP wire shapes, as pydantic models: the one schema per record the OpenAPI contract
+(``/openapi.json``, ``/docs``) is generated from.
+
+These models document; they do not sit on the hot path. Routes still parse bodies with
+``agents_ctx.validation`` (so every refusal is a 400 naming the exact field) and answer
+with the records' own ``to_dict()`` through orjson. What keeps the two from drifting:
+``tests/unit/test_wire_schemas.py`` checks each record's ``to_dict()`` keys against its model,
+and ``tests/integration/test_openapi_contract.py`` validates real answers of every route
+against ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable machine-readable code, e.g. invalid_request")
+    message: str
+    field: str | None = Field(
+        default=None, description="the refused field, dotted path (messages[2].tool_calls[0].id)"
+    )
+    position: int | None = Field(default=None, description="not_ready only: the position awaited")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer."""
+
+    error: ErrorDetail
+
+
+# --- messages ----------------------------------------------------------------------------------
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text, as OpenAI sends it")
+
+
+class OpenAIToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FlatToolCall(BaseModel):
+    """memstream's original flat shape, still accepted on append."""
+
+    id: str
+    name: str
+    arguments: Any = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class MessageIn(BaseModel):
+    """One message to append: the OpenAI Chat Completions shape (or the flat tool-call shape).
+    ``developer`` is stored as ``system``."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[OpenAIToolCall | FlatToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, description="tool messages: the call answered")
+    reasoning: str | None = None
+
+
+class AppendBody(BaseModel):
+    """Several messages at once (or send one message object as the whole body)."""
+
+    messages: list[MessageIn] = Field(min_length=1)
+
+
+class ContextMessage(BaseModel):
+    """A context message in the OpenAI Chat Completions shape."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None
+    tool_calls: list[OpenAIToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+# --- records -----------------------------------------------------------------------------------
+
+
+class Summary(BaseModel):
+    """``records.Summary.to_dict()``: the spec's seven fields."""
+
+    version: int
+    timestamp: str
+    last_message_offset: int
+    last_message_id: str
+    content: str
+    token_count: int
+    message_count: int
+
+
+class MemoryEntry(BaseModel):
+    """``records.MemoryEntry.to_dict()``: an entry as the API shows it."""
+
+    key: str
+    content: str
+    category: Literal["user_profile", "project_fact", "observation"]
+    visibility: Literal["private", "shared"]
+    importance: float
+    user_id: str | None
+    content_hash: str
+    expires_at: str | None
+    created_at: str
+    updated_at: str
+    recall_count: int
+    last_recalled_at: str | None
+
+
+class ScoredEntry(MemoryEntry):
+    score: float
+
+
+# --- request bodies ----------------------------------------------------------------------------
+
+
+class AgentBody(BaseModel):
+    memory: bool = Field(description="bind the Memory capability")
+
+
+class ThreadConfigBody(BaseModel):
+    max_working_memory_messages: int | None = Field(default=None, ge=0)
+
+
+class ThreadMetadataBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    config: ThreadConfigBody | None = None
+
+
+class ThreadBody(BaseModel):
+    thread_id: str | None = Field(default=None, description="generated when absent")
+    metadata: ThreadMetadataBody | None = None
+
+
+class StoreBody(BaseModel):
+    key: str
+    content: str
+    category: Literal["user_profile", "project_fact", "observation"]
+    scope: Literal["private", "shared"] | None = None
+    importance: float | None = Field(default=None, ge=0, le=1)
+
+
+class RecallBody(BaseModel):
+    query: str
+    limit: int | None = None
+    category: Literal["user_profile", "project_fact", "observation"] | None = None
+    after: int | None = Field(default=None, description="read-your-writes: a store's position")
+
+
+class ForgetBody(BaseModel):
+    key: str
+
+
+class SearchBody(BaseModel):
+    query: str
+    scope: Literal["all_threads", "thread"] = "all_threads"
+    thread_id: str | None = None
+    limit: int | None = None
+    summarize: bool = True
+    after: int | None = Field(default=None, description="read-your-writes: an append's position")
+
+
+class AdminAppendBody(BaseModel):
+    account_id: str
+    agent_id: str
+    thread_id: str
+    user_id: str | None = None
+    messages: list[MessageIn] = Field(min_length=1)
+
+
+# --- answers -----------------------------------------------------------------------------------
+
+
+class Agent(BaseModel):
+    agent_id: str
+    memory: bool
+
+
+class Thread(BaseModel):
+    thread_id: str
+    metadata: dict[str, Any]
+
+
+class AppendedMessage(BaseModel):
+    offset: int
+    message_id: str
+
+
+class Appended(BaseModel):
+    appended: list[AppendedMessage]
+    position: int | None = Field(
+        default=None, description="read-your-writes: pass as 'after' to search"
+    )
+
+
+class Context(BaseModel):
+    """``GET .../context``. With ``?format=anthropic`` ``messages`` are Anthropic Messages
+    turns (content blocks) and ``system`` holds the system text."""
+
+    messages: list[ContextMessage] | list[dict[str, Any]]
+    system: str | None = None
+    pinned: list[MemoryEntry]
+    summary: Summary | None
+    window: int
+
+
+class Stored(BaseModel):
+    status: Literal["created", "unchanged", "replaced"]
+    entry: MemoryEntry
+    position: int = Field(description="read-your-writes: pass as 'after' to recall")
+
+
+class Recalled(BaseModel):
+    results: list[ScoredEntry]
+    source: Literal["index", "fallback"]
+
+
+class Forgotten(BaseModel):
+    forgotten: bool
+
+
+class SearchHit(BaseModel):
+    thread_id: str
+    message_id: str
+    offset: int
+    role: str
+    content: str
+    created_at: str | None
+
+
+class ThreadSummaryText(BaseModel):
+    thread_id: str
+    content: str
+
+
+class SearchResult(BaseModel):
+    results: list[SearchHit]
+    summaries: list[ThreadSummaryText]
+
+
+class ToolCallPage(BaseModel):
+    tool_call_id: str
+    name: str | None
+    total_bytes: int
+    offset: int
+    data: str
+    next_offset: int | None
+
+
+class Health(BaseModel):
+    ok: bool
+    parts: dict[str, Any]
