@@ -59,7 +59,9 @@ def create_app(services: Services) -> FastAPI:
             )
         return await call_next(request)
 
-    @app.get("/healthz", **contract.contract(answer=wire.Health, errors=(), other={503: wire.Health}))
+    @app.get(
+        "/healthz", **contract.contract(answer=wire.Health, errors=(), other={503: wire.Health})
+    )
     async def healthz() -> JSONResponse:
         parts = dict(services.health)
         ok = all(parts.values())
