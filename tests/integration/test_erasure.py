@@ -132,6 +132,8 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiSt
     await project(s.pool, svc.memory_index, 0)
     await project_journal(s, svc.message_store)
     assert (await svc.memory.recall(alice, SECRET)).results
+    # a thread the projector has not reached yet: found through its record's owner
+    erased.append(await seed_thread(s, "bot", "alice-late", "alice", SECRET))
     # what the journal topic in Kafka holds (it keeps every event, for rebuilds)
     in_kafka = [env for _, env in await s.journal.read_seq(0, 1_000_000)]
 
@@ -143,11 +145,11 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiSt
     status = await wait_done(s, erasure_id, admin)
     stores = status["stores"]
     assert isinstance(stores, dict)
-    assert stores["postgres_entries"] == 2 and stores["journal_messages"] == 12
-    assert (
-        stores["journal_tool_calls"] == 4 and stores["journal_sequence"] == 16
-    )  # + thread.created
-    assert stores["clickhouse"] > 0 and stores["summaries"] == 8 and stores["redis"] >= 4
+    assert stores["postgres_entries"] == 2 and stores["journal_messages"] == 15
+    assert stores["journal_tool_calls"] == 5
+    assert stores["journal_sequence"] == 20  # 15 messages + 5 thread.created
+    assert stores["clickhouse"] > 0 and stores["summaries"] == 10 and stores["redis"] >= 5
+    assert stores["postgres_threads"] == 5
     assert stores["qdrant"] == 2 and stores["embedding_cache"] >= 2
 
     for ref in erased:

@@ -239,6 +239,14 @@ class Erasures:
         if e.kind == "thread" and e.agent_id is not None and e.thread_id is not None:
             found.append(ThreadRef(e.account_id, e.agent_id, e.thread_id))
         elif e.user_id is not None:
+            # the threads they opened (Postgres, the authority) and the ones they wrote in
+            # (the projection's owners: shared threads too)
+            for r in await self._pool.fetch(
+                "SELECT agent_id, thread_id FROM threads WHERE account_id = $1 AND owner_user = $2",
+                e.account_id,
+                e.user_id,
+            ):
+                found.append(ThreadRef(e.account_id, r["agent_id"], r["thread_id"]))
             store = self._svc.message_store
             if store is not None:
                 for agent_id, thread_id in await store.threads_of_user(e.account_id, e.user_id):
