@@ -27,7 +27,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from memstream.schemas.topics import DEFAULT_PREFIX, Topics
-from tests.integration.test_cli_up import KEY, start_up, stop_up
+from tests.integration.test_cli_up import KEY, cli, start_up, stop_up
 from tests.kafka_helpers import produce
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -64,6 +64,7 @@ def system(traversable_tmp: Path) -> Iterator[tuple[str, dict[str, object]]]:
     proc, url = start_up(data)
     try:
         state = json.loads((data / "memstream.json").read_text())
+        state["data_dir"] = str(data)
         yield url, state
     finally:
         assert stop_up(proc) == []
@@ -254,6 +255,52 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     wait_until(lambda: "bytes 4096–" in text(d, ".tc"), 30, "the tool call's second page")
     shot(d, "07-thread")
 
+    # --- memory: an entry edited in the console is what recall then returns -----------------
+    res = cli("keys", "create", "acme", "--admin", "--data-dir", str(state["data_dir"]))
+    assert res.returncode == 0, res.stderr
+    admin_key = res.stdout.strip().splitlines()[-1]
+    assert api.put("/v1/agents/bot", json={"memory": True}).status_code == 200
+    body = {
+        "key": "deploy-day",
+        "content": "Deploys happen on Tuesdays",
+        "category": "project_fact",
+        "scope": "shared",
+        "importance": 0.8,
+    }
+    r = api.post("/v1/agents/bot/memory/store", json=body)
+    assert r.status_code == 200, r.text
+    d.get(url + "/console/memory?agent=bot")
+    d.find_element(By.NAME, "admin_key").send_keys(admin_key)
+    d.find_element(By.CSS_SELECTOR, "form[action='/console/memory/key'] button").click()
+    row = wait_until(
+        lambda: d.find_elements(By.CSS_SELECTOR, "tr[data-key='deploy-day']"), 30, "the entry"
+    )
+    assert isinstance(row, list)
+    area = row[0].find_element(By.TAG_NAME, "textarea")
+    area.clear()
+    area.send_keys("Deploys happen on Thursdays after the freeze")
+    row[0].find_element(By.CSS_SELECTOR, "button.save").click()
+    wait_until(lambda: "deploy-day: replaced" in text(d, "#memory-message"), 30, "the edit")
+    shot(d, "08-memory")
+
+    def recalled() -> bool:
+        r = api.post("/v1/agents/bot/memory/recall", json={"query": "when do deploys happen"})
+        hits = [e for e in r.json()["results"] if e["key"] == "deploy-day"]
+        return bool(hits) and hits[0]["content"] == "Deploys happen on Thursdays after the freeze"
+
+    wait_until(recalled, 60, "recall to return the edited entry")
+    exported = d.execute_async_script(
+        "const done = arguments[0];"
+        "fetch(document.getElementById('export').href).then(r => r.text()).then(done, () => done(''));"
+    )
+    assert "Thursdays after the freeze" in exported and "Tuesdays" not in exported
+    # an edit the memory rules refuse is refused here too, naming the field
+    imp = d.find_element(By.CSS_SELECTOR, "tr[data-key='deploy-day'] input[name=importance]")
+    imp.clear()
+    imp.send_keys("7")
+    d.find_element(By.CSS_SELECTOR, "tr[data-key='deploy-day'] button.save").click()
+    wait_until(lambda: "importance" in text(d, ".error"), 30, "the refused edit")
+
     # --- replay: start a rebuild, watch it finish ------------------------------------------------
     d.get(url + "/console/replay")
     Select(d.find_element(By.NAME, "projection")).select_by_visible_text("memory")
@@ -261,7 +308,7 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     wait_until(
         lambda: "done" in text(d, ".replay[data-projection=memory] h2"), 120, "the replay to end"
     )
-    shot(d, "08-replay")
+    shot(d, "09-replay")
 
     # --- refused: no session cookie, a bad CSRF token ------------------------------------------
     raw = httpx.Client(base_url=url, timeout=30)

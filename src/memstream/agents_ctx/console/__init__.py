@@ -14,6 +14,7 @@ def mount(app: FastAPI) -> None:
     from fastapi import Request
     from fastapi.responses import HTMLResponse, RedirectResponse
 
+    from memstream.agents_ctx.console.memory_pages import router as memory_router
     from memstream.agents_ctx.console.routes import (
         Forbidden,
         NotLoggedIn,
@@ -31,3 +32,4 @@ def mount(app: FastAPI) -> None:
     app.add_exception_handler(Forbidden, forbidden)
     app.mount("/console/static", static_files(), name="console-static")
     app.include_router(router)
+    app.include_router(memory_router)

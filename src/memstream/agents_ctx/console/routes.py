@@ -139,6 +139,7 @@ async def login(request: Request) -> Response:
 @router.post("/logout")
 async def logout(request: Request, session: CheckedDep) -> RedirectResponse:
     console_state(request).sessions.close(session.sid)
+    console_state(request).memory_keys.pop(session.sid, None)
     resp = RedirectResponse("/console/login", status_code=303)
     resp.delete_cookie(COOKIE, path="/console")
     return resp

@@ -38,6 +38,7 @@ class ConsoleState:
     sessions: Sessions = field(default_factory=Sessions)
     history: LagHistory = field(default_factory=LagHistory)
     replays: dict[str, ReplayRun] = field(default_factory=dict)
+    memory_keys: dict[str, str] = field(default_factory=dict)  # session id -> admin API key
     interval_s: float = 2.0
     idle_s: float = 60.0
     last_error: str | None = None
