@@ -85,6 +85,7 @@ class McpEndpoint:
                 agent_id,
                 request.headers.get("authorization"),
                 request.headers.get("x-memstream-user"),
+                request.headers.get("x-memstream-user-token"),
             )
         except MemstreamError as e:
             resp = error_response(e.status, e.code, e.message, e.field)

@@ -33,6 +33,15 @@ class KeyInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenPolicy:
+    """An account's user-token secret (None until the first mint) and whether tokens are
+    required."""
+
+    secret: bytes | None
+    required: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Agent:
     account_id: str
     agent_id: str
@@ -76,6 +85,7 @@ class Accounts:
         # The Memory binding, remembered as briefly as keys; configure_agent through this
         # instance refreshes it at once.
         self._memory_cache: dict[tuple[str, str], tuple[bool, float]] = {}
+        self._token_cache: dict[str, tuple[TokenPolicy, float]] = {}
 
     async def touch_agent(self, account_id: str, agent_id: str) -> None:
         """Make sure the agent exists (implicit creation on first use), cheaply."""
@@ -143,6 +153,45 @@ class Accounts:
         info = KeyInfo(str(row["account_id"]), bool(row["admin"]))
         self._key_cache[digest] = (info, now + self._key_cache_ttl)
         return info
+
+    # --- signed end-user tokens ----------------------------------------------------------------
+    async def user_token_secret(self, account_id: str, *, create: bool = False) -> bytes | None:
+        """The account's HMAC secret for user tokens (made on first use when ``create``)."""
+        if create:
+            await self.pool.execute(
+                "UPDATE accounts SET user_token_secret = $2"
+                " WHERE account_id = $1 AND user_token_secret IS NULL",
+                account_id,
+                secrets.token_bytes(32),
+            )
+        hit = self._token_cache.get(account_id)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0].secret
+        row = await self.pool.fetchrow(
+            "SELECT user_token_secret, require_user_tokens FROM accounts WHERE account_id = $1",
+            account_id,
+        )
+        if row is None:
+            return None
+        policy = TokenPolicy(row["user_token_secret"], bool(row["require_user_tokens"]))
+        self._token_cache[account_id] = (policy, now + self._key_cache_ttl)
+        return policy.secret
+
+    async def requires_user_tokens(self, account_id: str) -> bool:
+        await self.user_token_secret(account_id)
+        hit = self._token_cache.get(account_id)
+        return hit is not None and hit[0].required
+
+    async def set_require_user_tokens(self, account_id: str, required: bool) -> bool:
+        """Turn the account setting on or off; False if there is no such account."""
+        status = await self.pool.execute(
+            "UPDATE accounts SET require_user_tokens = $2 WHERE account_id = $1",
+            account_id,
+            required,
+        )
+        self._token_cache.pop(account_id, None)
+        return str(status).endswith(" 1")
 
     async def ensure_agent(self, account_id: str, agent_id: str) -> Agent:
         row = await self.pool.fetchrow(

@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Path, Request
 
+from memstream.agents_ctx import user_tokens
 from memstream.agents_ctx.services import Services
 from memstream.agents_ctx.validation import check_id
 from memstream.errors import Unauthorized
@@ -45,22 +46,69 @@ async def caller(
     agent_id: Annotated[str, Path()],
     authorization: Annotated[str | None, Header()] = None,
     x_memstream_user: Annotated[str | None, Header()] = None,
+    x_memstream_user_token: Annotated[str | None, Header()] = None,
 ) -> Caller:
-    return await authenticate(services(request), agent_id, authorization, x_memstream_user)
+    return await authenticate(
+        services(request), agent_id, authorization, x_memstream_user, x_memstream_user_token
+    )
+
+
+async def _user_token(svc: Services, token: str) -> user_tokens.UserToken:
+    account = user_tokens.account_of(token)
+    secret = await svc.accounts.user_token_secret(account)
+    if secret is None:
+        raise Unauthorized("unknown user token", field="X-Memstream-User-Token")
+    return user_tokens.verify(secret, token)
 
 
 async def authenticate(
-    svc: Services, agent_id: str, authorization: str | None, x_memstream_user: str | None
+    svc: Services,
+    agent_id: str,
+    authorization: str | None,
+    x_memstream_user: str | None,
+    x_memstream_user_token: str | None = None,
 ) -> Caller:
-    """The caller of a request on any agent surface (the routes and the MCP endpoint)."""
-    info = await key_of(svc, authorization)
-    account_id = info.account_id
+    """The caller of a request on any agent surface (the routes and the MCP endpoint).
+
+    The account comes from the API key, or from a signed user token sent alone as the
+    bearer; the user from a signed user token (``X-Memstream-User-Token``, or the bearer
+    token) or, unless the account requires tokens, from ``X-Memstream-User``."""
+    asserted = x_memstream_user.strip() if x_memstream_user and x_memstream_user.strip() else None
+    bearer = (
+        authorization[7:].strip()
+        if authorization and authorization[:7].lower() == "bearer "
+        else ""
+    )
+    admin = False
+    user_id: str | None
+    if bearer.startswith(user_tokens.PREFIX):
+        token = await _user_token(svc, bearer)
+        account_id, user_id = token.account_id, token.user_id
+    else:
+        info = await key_of(svc, authorization)
+        account_id, admin = info.account_id, info.admin
+        if x_memstream_user_token:
+            token = await _user_token(svc, x_memstream_user_token.strip())
+            if token.account_id != account_id:
+                raise Unauthorized(
+                    "the user token belongs to another account", field="X-Memstream-User-Token"
+                )
+            user_id = token.user_id
+        elif not admin and await svc.accounts.requires_user_tokens(account_id):
+            raise Unauthorized(
+                "this account requires a signed user token (X-Memstream-User-Token)",
+                field="X-Memstream-User-Token",
+            )
+        else:
+            user_id = None if asserted is None else check_id(asserted, "X-Memstream-User")
+            asserted = None
+    if asserted is not None and asserted != user_id:
+        raise Unauthorized(
+            "X-Memstream-User differs from the user of the token", field="X-Memstream-User"
+        )
     check_id(agent_id, "agent_id")
-    user_id = None
-    if x_memstream_user is not None and x_memstream_user.strip():
-        user_id = check_id(x_memstream_user.strip(), "X-Memstream-User")
     await svc.accounts.touch_agent(account_id, agent_id)
-    return Caller(account_id=account_id, agent_id=agent_id, user_id=user_id, admin=info.admin)
+    return Caller(account_id=account_id, agent_id=agent_id, user_id=user_id, admin=admin)
 
 
 ServicesDep = Annotated[Services, Depends(services)]

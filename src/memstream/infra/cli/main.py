@@ -264,6 +264,75 @@ def keys_create(
     print(key)
 
 
+@keys_app.command("user-token")
+def keys_user_token(
+    account: str,
+    user: str,
+    ttl: Annotated[
+        int, typer.Option(min=1, max=30 * 24 * 3600, help="Seconds the token is valid.")
+    ] = 3600,
+    data_dir: DataDir = None,
+) -> None:
+    """Mint a signed token that acts for USER of ACCOUNT only (send it as
+    X-Memstream-User-Token with the account key, or alone as the bearer) and print it."""
+    from memstream.agents_ctx import user_tokens
+    from memstream.agents_ctx.validation import check_id
+    from memstream.infra.accounts import Accounts
+    from memstream.infra.postgres import create_pool
+    from memstream.infra.postgres import migrate as do_migrate
+
+    try:
+        check_id(account, "ACCOUNT")
+        check_id(user, "USER")
+    except MemstreamError as e:
+        err.print(f"[red]error:[/] {e.message}")
+        raise typer.Exit(2) from None
+    dsn = postgres_dsn_or_exit(data_dir)
+
+    async def go() -> str | None:
+        pool = await create_pool(dsn)
+        try:
+            await do_migrate(pool)
+            secret = await Accounts(pool).user_token_secret(account, create=True)
+            return None if secret is None else user_tokens.mint(secret, account, user, ttl)
+        finally:
+            await pool.close()
+
+    token = run(go())
+    if token is None:
+        err.print(f"[red]error:[/] no account {account!r} (create it with `memstream keys create`)")
+        raise typer.Exit(1)
+    print(token)
+
+
+@keys_app.command("require-user-tokens")
+def keys_require_user_tokens(
+    account: str,
+    off: Annotated[bool, typer.Option("--off", help="Accept X-Memstream-User again.")] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Make ACCOUNT's agent routes require a signed user token: X-Memstream-User alone, and
+    calls without a user, are refused with 401 (admin keys are exempt)."""
+    from memstream.infra.accounts import Accounts
+    from memstream.infra.postgres import create_pool
+    from memstream.infra.postgres import migrate as do_migrate
+
+    dsn = postgres_dsn_or_exit(data_dir)
+
+    async def go() -> bool:
+        pool = await create_pool(dsn)
+        try:
+            await do_migrate(pool)
+            return await Accounts(pool).set_require_user_tokens(account, not off)
+        finally:
+            await pool.close()
+
+    if not run(go()):
+        err.print(f"[red]error:[/] no account {account!r}")
+        raise typer.Exit(1)
+    out.print(f"{account}: user tokens {'optional' if off else 'required'}")
+
+
 @app.command()
 def produce(
     file: Annotated[str, typer.Argument(help="JSON-lines file of messages, or - for stdin.")],

@@ -1,0 +1,156 @@
+"""Signed end-user tokens through the HTTP app, the MCP endpoint and the CLI (real
+Postgres, SlateDB): a token acts for its one user only, with the account key or alone as
+the bearer; expired, tampered and foreign tokens are 401 naming the header; the account
+setting refuses the bare user header and user-less calls."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from obstore.store import LocalStore
+
+from memstream.agents_ctx import user_tokens
+from memstream.agents_ctx.memory.store import MemoryService
+from memstream.infra.accounts import Accounts
+from memstream.infra.postgres import create_pool, migrate
+from memstream.infra.summary_store import SummaryStore
+from tests.fixtures.api import ApiStack
+from tests.fixtures.stores import fresh_database
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session", autouse=True)
+async def context_services(
+    api_stack: ApiStack, redis_client: aioredis.Redis, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[None]:
+    svc = api_stack.services
+    svc.memory = MemoryService(api_stack.pool, api_stack.clock, binding=svc.accounts)
+    svc.summary_store = SummaryStore(
+        LocalStore(prefix=tmp_path_factory.mktemp("objects"), mkdir=True), redis_client
+    )
+    yield
+    svc.memory = svc.summary_store = None
+
+
+async def token_for(stack: ApiStack, account: str, user: str, ttl: int = 600) -> str:
+    secret = await stack.services.accounts.user_token_secret(account, create=True)
+    assert secret is not None
+    return user_tokens.mint(secret, account, user, ttl)
+
+
+def url(agent: str, thread: str, tail: str = "") -> str:
+    return f"/v1/agents/{agent}/threads/{thread}{tail}"
+
+
+async def test_a_token_acts_for_its_user_only(api_stack: ApiStack) -> None:
+    c = api_stack.client
+    alice = await token_for(api_stack, "acme", "alice")
+    msg = {"role": "user", "content": "alice's secret plan"}
+    # with the account key, in place of X-Memstream-User
+    h = api_stack.headers() | {"X-Memstream-User-Token": alice}
+    r = await c.post(url("tok", "a1", "/messages"), json=msg, headers=h)
+    assert r.status_code == 201
+    # alone, as the bearer: no account key at all
+    bearer = {"Authorization": f"Bearer {alice}"}
+    r = await c.get(url("tok", "a1", "/context"), headers=bearer)
+    assert r.status_code == 200 and "secret plan" in r.text
+    # the thread is alice's: bob (by header) does not see it
+    r = await c.get(url("tok", "a1", "/context"), headers=api_stack.headers(user="bob"))
+    assert r.status_code == 404
+    # a token cannot be combined with another user's header
+    r = await c.get(url("tok", "a1", "/context"), headers=bearer | {"X-Memstream-User": "bob"})
+    assert r.status_code == 401 and r.json()["error"]["field"] == "X-Memstream-User"
+    # a bob thread stays bob's, even for alice's bearer token
+    await c.post(url("tok", "b1", "/messages"), json=msg, headers=api_stack.headers(user="bob"))
+    r = await c.get(url("tok", "b1", "/context"), headers=bearer)
+    assert r.status_code == 404
+
+
+async def test_bad_tokens_are_401_naming_the_header(api_stack: ApiStack) -> None:
+    c = api_stack.client
+    secret = await api_stack.services.accounts.user_token_secret("acme", create=True)
+    assert secret is not None
+    expired = user_tokens.mint(secret, "acme", "alice", 1, now=time.time() - 10)
+    good = user_tokens.mint(secret, "acme", "alice", 600)
+    payload, sig = good[len(user_tokens.PREFIX) :].split(".")
+    forged_payload = user_tokens.mint(b"not the secret", "acme", "mallory", 600)
+    tampered = forged_payload.split(".")[0] + "." + sig
+    other = await token_for(api_stack, "other", "alice")
+    for token, why in (
+        (expired, "expired"),
+        (tampered, "signature"),
+        ("mst_garbage", "malformed"),
+        (other, "another account"),
+    ):
+        h = api_stack.headers() | {"X-Memstream-User-Token": token}
+        r = await c.get(url("tok2", "t", "/context"), headers=h)
+        assert r.status_code == 401, why
+        assert r.json()["error"]["field"] == "X-Memstream-User-Token", why
+        assert why in r.json()["error"]["message"], why
+    r = await c.get(url("tok2", "t", "/context"), headers={"Authorization": f"Bearer {expired}"})
+    assert r.status_code == 401
+
+
+async def test_the_account_setting_requires_tokens(api_stack: ApiStack) -> None:
+    c, accounts = api_stack.client, api_stack.services.accounts
+    token = await token_for(api_stack, "other", "alice")
+    assert await accounts.set_require_user_tokens("other", True)
+    try:
+        key = api_stack.other_key
+        for headers in (api_stack.headers(key=key, user="alice"), api_stack.headers(key=key)):
+            r = await c.get(url("req", "t", "/context"), headers=headers)
+            assert r.status_code == 401
+            assert r.json()["error"]["field"] == "X-Memstream-User-Token"
+        h = api_stack.headers(key=key) | {"X-Memstream-User-Token": token}
+        assert (await c.get(url("req", "t", "/context"), headers=h)).status_code == 200
+        # the MCP endpoint follows the same rule
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        r = await c.post("/v1/agents/req/mcp", json=ping, headers=api_stack.headers(key=key))
+        assert r.status_code == 401
+        # another account is not affected
+        r = await c.get(url("req", "t", "/context"), headers=api_stack.headers(user="alice"))
+        assert r.status_code == 200
+    finally:
+        await accounts.set_require_user_tokens("other", False)
+
+
+async def test_the_cli_mints_a_token_the_api_accepts(pg_dsn: str) -> None:
+    dsn = await fresh_database(pg_dsn)
+    env = dict(os.environ) | {"MEMSTREAM_POSTGRES_DSN": dsn}
+
+    async def cli(*args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "memstream",
+            *args,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, errs = await proc.communicate()
+        assert proc.returncode == 0, errs.decode()
+        return out.decode().strip()
+
+    await cli("keys", "create", "acct")
+    token = await cli("keys", "user-token", "acct", "carol", "--ttl", "120")
+    pool = await create_pool(dsn)
+    try:
+        await migrate(pool)
+        secret = await Accounts(pool).user_token_secret("acct")
+        assert secret is not None
+        claims = user_tokens.verify(secret, token)
+        assert (claims.account_id, claims.user_id) == ("acct", "carol")
+        assert claims.expires_at <= time.time() + 121
+        await cli("keys", "require-user-tokens", "acct")
+        assert await Accounts(pool).requires_user_tokens("acct")
+    finally:
+        await pool.close()
