@@ -6,7 +6,8 @@ Every error we raise on purpose derives from :class:`MemstreamError`::
     ├── InvalidRequest            bad input; names the offending ``field``      (HTTP 400/422)
     │   ├── PromptInjection       memory content matched an injection pattern   (HTTP 422)
     │   ├── PrivateRequiresUser   credentials/PII with no user to make it private (HTTP 422)
-    │   └── ContentTooLong        content over the category's maximum          (HTTP 422)
+    │   ├── ContentTooLong        content over the category's maximum          (HTTP 422)
+    │   └── BodyTooLarge          a request body over the size limit, chunked or not (HTTP 413)
     ├── Unauthorized              missing or unknown API key                    (HTTP 401)
     ├── Forbidden                 the key may not do this (e.g. needs an admin key) (HTTP 403)
     │   └── MemoryNotBound        memory tools on an agent without Memory bound (HTTP 403)
@@ -65,6 +66,12 @@ class PrivateRequiresUser(InvalidRequest):
 class ContentTooLong(InvalidRequest):
     code = "content_too_long"
     status = 422
+
+
+class BodyTooLarge(InvalidRequest):
+    """A request body over the size limit (declared or counted while it streams in)."""
+
+    status = 413
 
 
 class Unauthorized(MemstreamError):

@@ -2,14 +2,12 @@
 
 Routers are included here, one per area. ``/healthz`` is 200 only when every part the
 process runs is up (``services.health``); ``/metrics`` serves the one Prometheus registry.
-Bodies over ``MAX_REQUEST_BYTES`` are refused before they are read.
+Bodies over ``MAX_REQUEST_BYTES`` are refused with 413, chunked or not (``BodyLimit``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from starlette.routing import Route
 
 from memstream import __version__
@@ -27,6 +25,7 @@ from memstream.agents_ctx.http import (
     summary_routes,
     threads_routes,
 )
+from memstream.agents_ctx.http.body_limit import BodyLimit
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.mcp_http import McpEndpoint
 from memstream.agents_ctx.services import Services
@@ -45,19 +44,7 @@ def create_app(services: Services) -> FastAPI:
     errors.install(app)
     contract.install(app)
 
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
-            return errors.error_response(
-                413,
-                "invalid_request",
-                f"the body must be at most {MAX_REQUEST_BYTES} bytes",
-                "body",
-            )
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BYTES)
 
     @app.get(
         "/healthz", **contract.contract(answer=wire.Health, errors=(), other={503: wire.Health})

@@ -1,0 +1,74 @@
+"""``BodyLimit``: a pure ASGI middleware that refuses request bodies over a size limit.
+
+A declared ``Content-Length`` over the limit is answered 413 before anything is read. A
+body without one (``Transfer-Encoding: chunked``) is counted as it streams in: the chunk
+that crosses the limit raises :class:`~memstream.errors.BodyTooLarge` from ``receive``, so
+the route, which reads its whole body before acting, never sees a partial body and stores
+nothing; the error is answered 413 with the usual error body. Pure ASGI (no
+``BaseHTTPMiddleware``), so it costs one header lookup per request.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from memstream.agents_ctx.http.errors import error_response
+from memstream.errors import BodyTooLarge
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> BodyTooLarge:
+        return BodyTooLarge(f"the body must be at most {self.max_bytes} bytes", field="body")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared: int | None = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                declared = int(value) if value.isdigit() else None
+                break
+        if declared is not None:
+            if declared > self.max_bytes:
+                await self._answer(scope, receive, send, self._too_large())
+                return
+            # A declared length within the limit: the server refuses bodies longer than
+            # they declare, so there is nothing to count.
+            await self.app(scope, receive, send)
+            return
+
+        seen = 0
+        started = False
+
+        async def counted_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise self._too_large()
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except BodyTooLarge as exc:
+            # Raised where no exception handler answered it (e.g. a raw ASGI endpoint).
+            if started:
+                raise
+            await self._answer(scope, receive, send, exc)
+
+    @staticmethod
+    async def _answer(scope: Scope, receive: Receive, send: Send, exc: BodyTooLarge) -> None:
+        response = error_response(exc.status, exc.code, exc.message, exc.field)
+        await response(scope, receive, send)
