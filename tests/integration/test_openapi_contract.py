@@ -131,6 +131,19 @@ async def test_every_answer_validates_against_the_contract(
         ("POST", f"{a}/memory/store", {"json": {"key": "x", "content": "y", "category": "nope"}}, 400),
         ("POST", f"{a}/memory/recall", {"json": {"query": "Rust"}}, 200),
         ("POST", f"{a}/memory/forget", {"json": {"key": "lang"}}, 200),
+        ("GET", f"{a}/memory/entries", {}, 200),
+        ("GET", f"{a}/memory/entries", {"params": {"limit": "0"}}, 400),
+        ("GET", f"{a}/memory/entries", {"params": {"user_id": "bob"}}, 403),
+        ("GET", f"{a}/memory/entries/nope", {}, 404),
+        ("PATCH", f"{a}/memory/entries/nope", {"json": {"importance": 0.5}}, 404),
+        ("PATCH", f"{a}/memory/entries/nope", {"json": {}}, 400),
+        ("POST", f"{a}/memory/import", {"content": b'{"key": "imp", "content": "imported fact", "category": "project_fact"}\n{"key": 1}\n'}, 200),
+        ("GET", f"{a}/memory/entries/imp", {}, 200),
+        ("PATCH", f"{a}/memory/entries/imp", {"json": {"importance": 0.9}}, 200),
+        ("PATCH", f"{a}/memory/entries/imp", {"json": {"content": "x" * 5000}}, 422),
+        ("POST", "/v1/users/alice/erase", {}, 403),
+        ("GET", "/v1/erasures/nope", {}, 503),  # no erasure service in this stack
+        ("POST", f"{a}/threads/t1/erase", {}, 503),  # no erasure service in this stack
         ("POST", f"{a}/journal/search", {"json": {"query": "hi"}}, 503),  # no transcript store here
         ("DELETE", f"{a}/threads/t1", {}, 204),
         ("DELETE", f"{a}/threads/t1", {}, 404),

@@ -262,3 +262,49 @@ class ToolCallPage(BaseModel):
 class Health(BaseModel):
     ok: bool
     parts: dict[str, Any]
+
+
+# --- owning memory (docs/owning-memory.md) -----------------------------------------------------
+class EntriesPage(BaseModel):
+    """``GET .../memory/entries``: one page, newest first."""
+
+    entries: list[MemoryEntry]
+    next_cursor: str | None = Field(description="pass as cursor for the next page; null: last")
+
+
+class EntryPatchBody(BaseModel):
+    """``PATCH .../memory/entries/{key}``: any of these (at least one)."""
+
+    content: str | None = None
+    importance: float | None = Field(default=None, ge=0, le=1)
+    category: Literal["user_profile", "project_fact", "observation"] | None = None
+    expires_at: str | None = Field(default=None, description="ISO-8601 in the future; null: never")
+
+
+class Edited(BaseModel):
+    status: Literal["replaced", "unchanged"]
+    entry: MemoryEntry
+    position: int = Field(description="read-your-writes: pass as 'after' to recall")
+
+
+class ImportFailure(BaseModel):
+    line: int = Field(description="1-based line number of the NDJSON body")
+    error: ErrorDetail
+
+
+class ImportReport(BaseModel):
+    created: int
+    replaced: int
+    unchanged: int
+    failed: list[ImportFailure]
+
+
+class ErasureStarted(BaseModel):
+    erasure_id: str
+
+
+class Erasure(BaseModel):
+    erasure_id: str
+    kind: Literal["thread", "user"]
+    status: Literal["running", "done"]
+    stores: dict[str, int] = Field(description="what each store removed so far")

@@ -21,13 +21,14 @@ it may see is ``editing.view_of`` (one place). Errors: ``invalid_request`` (fiel
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
 from starlette.responses import StreamingResponse
 
 from memstream.agents_ctx.http.bodies import read_object
+from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.memory import editing, policy
@@ -36,6 +37,7 @@ from memstream.agents_ctx.memory.entries import Filters, MemoryEntries
 from memstream.agents_ctx.services import Services
 from memstream.agents_ctx.validation import check_id
 from memstream.errors import InfraError
+from memstream.schemas import wire
 from memstream.schemas.records import Caller
 
 router = APIRouter(prefix="/v1/agents/{agent_id}/memory")
@@ -62,7 +64,25 @@ def _filters(category: str | None, visibility: str | None = None, q: str | None 
     )
 
 
-@router.get("/entries")
+_NDJSON_ENTRIES = {"description": "one entry per line", "content": {NDJSON: {"schema": {}}}}
+
+
+def _export_contract() -> dict[str, Any]:
+    out = contract(errors=(400, 401, 403, 503))
+    out["responses"][200] = _NDJSON_ENTRIES
+    out["response_class"] = StreamingResponse
+    return out
+
+
+def _import_contract() -> dict[str, Any]:
+    out = contract(answer=wire.ImportReport, errors=(401, 403, 413, 503))
+    out["openapi_extra"] = {
+        "requestBody": {"required": True, "content": {NDJSON: {"schema": {"type": "string"}}}}
+    }
+    return out
+
+
+@router.get("/entries", **contract(answer=wire.EntriesPage, errors=(400, 401, 403, 503)))
 async def list_entries(
     caller: CallerDep,
     svc: ServicesDep,
@@ -85,7 +105,9 @@ async def list_entries(
     )
 
 
-@router.get("/entries/{key:path}")
+@router.get(
+    "/entries/{key:path}", **contract(answer=wire.MemoryEntry, errors=(400, 401, 403, 404, 503))
+)
 async def get_entry(
     key: str, caller: CallerDep, svc: ServicesDep, user_id: OptStr = None
 ) -> JSONResponse:
@@ -93,7 +115,12 @@ async def get_entry(
     return JSONResponse(entry.to_dict())
 
 
-@router.patch("/entries/{key:path}")
+@router.patch(
+    "/entries/{key:path}",
+    **contract(
+        body=wire.EntryPatchBody, answer=wire.Edited, errors=(400, 401, 403, 404, 409, 422, 503)
+    ),
+)
 async def patch_entry(
     key: str, request: Request, caller: CallerDep, svc: ServicesDep, user_id: OptStr = None
 ) -> JSONResponse:
@@ -105,7 +132,7 @@ async def patch_entry(
     )
 
 
-@router.get("/export")
+@router.get("/export", **_export_contract())
 async def export_entries(
     caller: CallerDep, svc: ServicesDep, category: OptStr = None, user_id: OptStr = None
 ) -> StreamingResponse:
@@ -118,7 +145,7 @@ async def export_entries(
     return StreamingResponse(lines(), media_type=NDJSON)
 
 
-@router.post("/import")
+@router.post("/import", **_import_contract())
 async def import_entries(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     entries = _entries(svc)
 

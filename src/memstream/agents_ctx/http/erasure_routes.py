@@ -15,11 +15,13 @@ from fastapi import APIRouter
 
 from memstream.agents_ctx.access import may_use_thread, not_found
 from memstream.agents_ctx.erasure import Erasures
+from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, KeyDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.services import Services
 from memstream.agents_ctx.validation import check_id
 from memstream.errors import Forbidden, InfraError
+from memstream.schemas import wire
 from memstream.schemas.records import ThreadRef
 
 router = APIRouter()
@@ -31,7 +33,11 @@ def _erasures(svc: Services) -> Erasures:
     return svc.erasures
 
 
-@router.post("/v1/agents/{agent_id}/threads/{thread_id}/erase", status_code=202)
+@router.post(
+    "/v1/agents/{agent_id}/threads/{thread_id}/erase",
+    status_code=202,
+    **contract(answer=wire.ErasureStarted, errors=(400, 401, 404, 503)),
+)
 async def erase_thread(thread_id: str, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     ref = ThreadRef(caller.account_id, caller.agent_id, check_id(thread_id, "thread_id"))
     thread = await svc.accounts.get_thread(ref)
@@ -42,7 +48,11 @@ async def erase_thread(thread_id: str, caller: CallerDep, svc: ServicesDep) -> J
     return JSONResponse({"erasure_id": erasure_id}, status_code=202)
 
 
-@router.post("/v1/users/{user_id}/erase", status_code=202)
+@router.post(
+    "/v1/users/{user_id}/erase",
+    status_code=202,
+    **contract(answer=wire.ErasureStarted, errors=(400, 401, 403, 503)),
+)
 async def erase_user(user_id: str, key: KeyDep, svc: ServicesDep) -> JSONResponse:
     if not key.admin:
         raise Forbidden("erasing a user needs an admin key", field="Authorization")
@@ -50,7 +60,7 @@ async def erase_user(user_id: str, key: KeyDep, svc: ServicesDep) -> JSONRespons
     return JSONResponse({"erasure_id": erasure_id}, status_code=202)
 
 
-@router.get("/v1/erasures/{erasure_id}")
+@router.get("/v1/erasures/{erasure_id}", **contract(answer=wire.Erasure, errors=(401, 404, 503)))
 async def erasure_status(erasure_id: str, key: KeyDep, svc: ServicesDep) -> JSONResponse:
     erasure = await _erasures(svc).get(key.account_id, erasure_id)
     return JSONResponse(erasure.to_dict())
