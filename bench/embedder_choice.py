@@ -120,7 +120,7 @@ def candidates() -> dict[str, Callable[[], Embed]]:
         return lambda texts, is_query: m.encode(texts, False).tolist()
 
     def fasttextembed() -> Embed:
-        from fasttextembed import TextEmbedding
+        from fasttextembed import TextEmbedding  # optional, not a dependency: pip install it
 
         os.environ.setdefault("FTE_MODEL_URL", "http://127.0.0.1:9/unreachable")
         m = TextEmbedding()  # needs model.fte + vocab.tsv: downloaded on first use

@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import chdb
 import orjson
 import pyarrow as pa
 
@@ -61,6 +60,8 @@ class ChdbEngine:
 
     def _connection(self) -> Any:
         if self._conn is None:
+            import chdb  # lazy: chdb is in the [embedded] extra, not the core install
+
             self._conn = chdb.connect(self._path)  # type: ignore[no-untyped-call]
         return self._conn
 
