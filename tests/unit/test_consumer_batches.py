@@ -6,7 +6,13 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from memstream.infra.settings import Settings
-from memstream.streams.consumer import flatten_poll, group_id, raw_record
+from memstream.streams.consumer import (
+    first_gaps,
+    flatten_poll,
+    group_id,
+    lowest_offsets,
+    raw_record,
+)
 from memstream.streams.processor import RawRecord
 
 
@@ -41,3 +47,25 @@ def test_a_record_keeps_its_origin_and_gets_seconds() -> None:
 def test_group_names_drop_the_prefix_separator() -> None:
     assert group_id(Settings(topic_prefix="memstream."), "counters") == "memstream-counters"
     assert group_id(Settings(topic_prefix=""), "counters") == "memstream-counters"
+
+
+def test_a_poll_past_the_expected_offset_is_a_gap() -> None:
+    p0, p1, p2 = (TopicPartition("t.journal", i) for i in range(3))
+    polled = {p0: [rec(0, 5)], p1: [rec(1, 60), rec(1, 61)], p2: [rec(2, 3)]}
+    # p0 continues, p1 jumped 50 records ahead, p2 re-delivers (behind: not a gap), p3 unknown
+    gaps = first_gaps(polled, {p0: 5, p1: 10, p2: 7})
+    assert gaps == {p1: (10, 60)}
+    assert first_gaps({p1: []}, {p1: 10}) == {}
+
+
+def test_a_dropped_batch_is_sought_back_to_its_lowest_offset_per_partition() -> None:
+    into: list[RawRecord] = []
+    offsets: dict[TopicPartition, int] = {}
+    # a batch whose top-up came after a rebalance re-read p0 from an older committed offset
+    flatten_poll({TopicPartition("t.journal", 0): [rec(0, 100), rec(0, 101)]}, into, offsets)
+    flatten_poll({TopicPartition("t.journal", 0): [rec(0, 80)]}, into, offsets)
+    flatten_poll({TopicPartition("t.journal", 1): [rec(1, 7)]}, into, offsets)
+    assert lowest_offsets(into) == {
+        TopicPartition("t.journal", 0): 80,
+        TopicPartition("t.journal", 1): 7,
+    }

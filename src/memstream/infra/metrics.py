@@ -17,6 +17,8 @@ processor_errors_total                         counter    processor, kind (decod
 processor_latency_seconds                      histogram  processor
 processor_last_commit_timestamp_seconds        gauge      processor
 consumer_lag                                   gauge      group, topic, partition
+consumer_gaps_total                            counter    processor, kind (rewound, accepted)
+projection_gap                                 gauge      projection
 dlq_events_total                               counter    processor, origin_topic
 journal_append_seconds                         histogram  -
 journal_group_commit_batch_size                histogram  -
@@ -101,6 +103,21 @@ class Metrics:
             "memstream_consumer_lag",
             "Records not yet committed by a consumer group (end offset - committed offset).",
             ["group", "topic", "partition"],
+            registry=r,
+        )
+        self.consumer_gaps = Counter(
+            "memstream_consumer_gaps",
+            "Polls whose first record of a partition was past the next offset the processor "
+            "expected: rewound (sought back and re-read) or accepted (the broker no longer has "
+            "the records in between, e.g. retention).",
+            ["processor", "kind"],
+            registry=r,
+        )
+        self.projection_gap = Gauge(
+            "memstream_projection_gap",
+            "Journal sequence minus the highest sequence a projection applied (its lag in "
+            "journal records, whatever the broker says).",
+            ["projection"],
             registry=r,
         )
         self.dead_letters = Counter(

@@ -35,6 +35,23 @@ Commits (at-least-once):
   itself fail (a bug: the dispatcher handles every handler error), the partitions are sought
   back to the first record not handled, so no record is skipped.
 
+Positions (issue 12, defect 1). aiokafka advances a partition's fetch position as soon as
+``getmany`` hands records over, so **a batch that is polled but not dispatched must seek
+its partitions back**, or the next poll starts after it. Two paths drop a polled batch:
+
+- a rebalance between poll and dispatch (the batch may hold records fetched from the *new*
+  assignment, whose position already moved past them: this is what silently skipped one
+  batch per partition when a broker restart made the group rejoin mid-load);
+- an error in the poll's top-up or in dispatch.
+
+Both seek every still-assigned partition of the batch back to its lowest offset in the batch.
+As a second line, each partition's *next expected offset* is tracked (the committed offset at
+assignment, then last handled + 1): a poll whose first record of a partition is past it (an
+offset reset, a position moved by anyone) is a *gap*; the partition is sought back to the
+expected offset and the batch re-read (``memstream_consumer_gaps_total{kind="rewound"}``).
+Only if the very same gap comes back (the broker no longer holds those records: retention,
+a lost log) is it accepted, logged as an error and counted as ``kind="accepted"``.
+
 No module-level state: every consumer and task is built inside :class:`ProcessorConsumer`.
 """
 
@@ -67,7 +84,9 @@ __all__ = [
     "COMMIT_INTERVAL_S",
     "ProcessorConsumer",
     "group_id",
+    "first_gaps",
     "flatten_poll",
+    "lowest_offsets",
     "raw_record",
 ]
 
@@ -102,6 +121,32 @@ def raw_record(rec: ConsumerRecord[bytes, bytes]) -> RawRecord:
     )
 
 
+def first_gaps(
+    polled: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
+    expected: Mapping[TopicPartition, int],
+) -> dict[TopicPartition, tuple[int, int]]:
+    """Partitions whose first polled record is past the offset expected next:
+    ``{tp: (expected, first offset polled)}`` (pure)."""
+    gaps: dict[TopicPartition, tuple[int, int]] = {}
+    for tp, records in polled.items():
+        if records:
+            want = expected.get(tp)
+            if want is not None and records[0].offset > want:
+                gaps[tp] = (want, records[0].offset)
+    return gaps
+
+
+def lowest_offsets(batch: Sequence[RawRecord]) -> dict[TopicPartition, int]:
+    """Per partition, the lowest offset among ``batch``'s records (pure)."""
+    low: dict[TopicPartition, int] = {}
+    for r in batch:
+        tp = TopicPartition(r.meta.topic, r.meta.partition)
+        off = low.get(tp)
+        if off is None or r.meta.offset < off:
+            low[tp] = r.meta.offset
+    return low
+
+
 def flatten_poll(
     polled: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
     into: list[RawRecord],
@@ -124,6 +169,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._owner._on_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._owner._on_assigned(assigned)
         log.info(
             "%s: assigned %s",
             self._owner.processor.name,
@@ -175,6 +221,12 @@ class ProcessorConsumer:
         self._commit_interval = commit_interval_s
         self._gauge = metrics.last_commit.labels(processor.name)
         self._pending: dict[TopicPartition, int] = {}
+        #: Per assigned partition, the offset the next record handed over must have.
+        self._next: dict[TopicPartition, int] = {}
+        #: Per partition, a gap already rewound once (accepted if it comes back).
+        self._gap_seen: dict[TopicPartition, int] = {}
+        self._gaps_rewound = metrics.consumer_gaps.labels(processor.name, "rewound")
+        self._gaps_accepted = metrics.consumer_gaps.labels(processor.name, "accepted")
         self._lock = asyncio.Lock()  # held while a batch is dispatched and by the listener
         self._epoch = 0  # bumped on every revoke: older polls are stale
         self._stopping = False
@@ -225,7 +277,11 @@ class ProcessorConsumer:
                 if batch:
                     async with self._lock:
                         if epoch != self._epoch:
-                            continue  # a rebalance came between poll and dispatch: refetch
+                            # a rebalance came between poll and dispatch: re-read the batch
+                            # (its records may come from the new assignment, whose position
+                            # already moved past them)
+                            self._rewind(batch)
+                            continue
                         try:
                             await self._dispatch(batch, offsets)
                         except Exception:
@@ -244,7 +300,8 @@ class ProcessorConsumer:
                 await asyncio.sleep(1.0)
 
     async def _poll(self) -> tuple[list[RawRecord], dict[TopicPartition, int]]:
-        """One batch and the offsets to commit once it is handled."""
+        """One batch and the offsets to commit once it is handled. A gap (see module doc)
+        seeks back and answers an empty batch."""
         proc = self.processor
         want = proc.batch_max if proc.batch_max > 1 else POLL_RECORDS
         records: list[RawRecord] = []
@@ -252,18 +309,71 @@ class ProcessorConsumer:
         polled = await self._consumer.getmany(
             timeout_ms=int(POLL_TIMEOUT_S * 1000), max_records=want
         )
-        flatten_poll(polled, records, offsets)
+        if not self._take(polled, records, offsets):
+            return [], {}
         if proc.batch_max > 1 and records:
             deadline = time.monotonic() + max(0.0, proc.batch_within_s)
             while len(records) < want and not self._stopping:
                 left = deadline - time.monotonic()
-                more = await self._consumer.getmany(
-                    timeout_ms=max(0, int(left * 1000)), max_records=want - len(records)
-                )
+                try:
+                    more = await self._consumer.getmany(
+                        timeout_ms=max(0, int(left * 1000)), max_records=want - len(records)
+                    )
+                except BaseException:
+                    self._rewind(records)  # handed over by aiokafka, not by us: re-read
+                    raise
                 if not more:
                     break
-                flatten_poll(more, records, offsets)
+                if not self._take(more, records, offsets):
+                    return [], {}
         return records, offsets
+
+    def _take(
+        self,
+        polled: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
+        into: list[RawRecord],
+        offsets: dict[TopicPartition, int],
+    ) -> bool:
+        """Add ``polled`` to the batch; False (batch sought back) when it shows a gap."""
+        expected = {**self._next, **offsets} if offsets else self._next
+        gaps = first_gaps(polled, expected)
+        rewind = False
+        for tp, (want, got) in gaps.items():
+            if self._gap_seen.get(tp) == got:
+                self._gaps_accepted.inc()
+                log.error(
+                    "%s: %s[%d] jumps from offset %d to %d and the broker has nothing in "
+                    "between: records %d..%d are lost to this processor (replay from the "
+                    "journal to repair)",
+                    self.processor.name,
+                    tp.topic,
+                    tp.partition,
+                    want,
+                    got,
+                    want,
+                    got - 1,
+                )
+                self._gap_seen.pop(tp, None)
+                continue
+            self._gap_seen[tp] = got
+            self._gaps_rewound.inc()
+            log.warning(
+                "%s: %s[%d] position jumped from %d to %d; seeking back",
+                self.processor.name,
+                tp.topic,
+                tp.partition,
+                want,
+                got,
+            )
+            rewind = True
+        if rewind:
+            for tp, records in polled.items():
+                if records:
+                    self._seek(tp, expected.get(tp, records[0].offset))
+            self._rewind(into)  # after: a partition already in the batch goes back further
+            return False
+        flatten_poll(polled, into, offsets)
+        return True
 
     async def _dispatch(self, records: list[RawRecord], offsets: dict[TopicPartition, int]) -> None:
         if self.processor.batch_max > 1:
@@ -276,21 +386,25 @@ class ProcessorConsumer:
             tp = tps[(rec.meta.topic, rec.meta.partition)]
             if rec.meta.offset + 1 > self._pending.get(tp, -1):
                 self._pending[tp] = rec.meta.offset + 1
+            self._next[tp] = rec.meta.offset + 1
 
-    def _rewind(self, batch: list[RawRecord]) -> None:
-        """Seek each partition of ``batch`` back to its first record not yet handled."""
-        first: dict[TopicPartition, int] = {}
-        for r in batch:
-            tp = TopicPartition(r.meta.topic, r.meta.partition)
-            first.setdefault(tp, r.meta.offset)
-        for tp, offset in first.items():
-            with contextlib.suppress(Exception):  # partition gone: its new owner re-reads it
-                self._consumer.seek(tp, max(offset, self._pending.get(tp, offset)))
+    def _rewind(self, batch: Sequence[RawRecord]) -> None:
+        """Seek each still-assigned partition of ``batch`` back to its lowest offset in it
+        (or to what was handled since, if more): the next poll re-reads the batch."""
+        for tp, offset in lowest_offsets(batch).items():
+            self._seek(tp, max(offset, self._pending.get(tp, offset)))
+
+    def _seek(self, tp: TopicPartition, offset: int) -> None:
+        if tp not in self._consumer.assignment():
+            return  # not ours any more: its new owner reads it from the committed offset
+        with contextlib.suppress(Exception):  # revoked in between: same as above
+            self._consumer.seek(tp, offset)
 
     def _mark(self, offsets: Mapping[TopicPartition, int]) -> None:
         for tp, off in offsets.items():
             if off > self._pending.get(tp, -1):
                 self._pending[tp] = off
+            self._next[tp] = off
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit pending offsets (of ``only``, if given). Caller holds the lock."""
@@ -315,3 +429,19 @@ class ProcessorConsumer:
             await self._commit(set(revoked))
             for tp in revoked:
                 self._pending.pop(tp, None)
+                self._next.pop(tp, None)
+                self._gap_seen.pop(tp, None)
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Expect each new partition to start at its committed offset (unknown: no check
+        until its first record is handled)."""
+        for tp in assigned:
+            self._next.pop(tp, None)
+            try:
+                async with asyncio.timeout(5.0):
+                    committed = await self._consumer.committed(tp)
+            except Exception as e:  # noqa: BLE001 - the check is a safety net, never a stop
+                log.info("%s: committed offset of %s unknown (%s)", self.processor.name, tp, e)
+                continue
+            if committed is not None and committed >= 0:
+                self._next[tp] = committed
