@@ -119,15 +119,20 @@ async def search(
 
 async def test_hits_misses_and_case(corpus: MessageStore) -> None:
     assert set(await search(corpus, query="lisbon")) == {("t1", 1), ("t1", 2), ("t2", 0), ("t2", 1)}
-    assert await search(corpus, query="LiSbOn WEATHER") == [("t2", 0)]
+    # the message holding both terms ranks first; messages sharing one term follow
+    hits = await search(corpus, query="LiSbOn WEATHER")
+    assert hits[0] == ("t2", 0) and set(hits) == {("t1", 1), ("t1", 2), ("t2", 0), ("t2", 1)}
     assert await search(corpus, query="tokyo") == []
-    # every word must match: one present word is not enough
-    assert await search(corpus, query="lisbon tokyo") == []
+    # OR, not AND: a word no message holds does not hide the ones that match
+    assert set(await search(corpus, query="lisbon tokyo")) == set(
+        await search(corpus, query="lisbon")
+    )
 
 
 async def test_ranking_relevance_then_recency(corpus: MessageStore) -> None:
-    # "flights lisbon may": only t1/2 has all three words.
-    assert await search(corpus, query="flights Lisbon May") == [("t1", 2)]
+    # "flights lisbon may": t1/2 has all three terms, t1/1 two of them ("flight" stems alike)
+    hits = await search(corpus, query="flights Lisbon May")
+    assert hits[:2] == [("t1", 2), ("t1", 1)]
     # t2's messages use "lisbon" more densely than t1's; within equal density, newest first.
     assert await search(corpus, query="lisbon") == [("t2", 1), ("t2", 0), ("t1", 2), ("t1", 1)]
 

@@ -169,6 +169,7 @@ class SearchBody(BaseModel):
     thread_id: str | None = None
     limit: int | None = None
     summarize: bool = True
+    explain: bool = Field(default=False, description="return each hit's score and its parts")
     after: int | None = Field(default=None, description="read-your-writes: an append's position")
 
 
@@ -238,6 +239,11 @@ class SearchHit(BaseModel):
     role: str
     content: str
     created_at: str | None
+    score: float | None = Field(default=None, description="with explain: the relevance")
+    explain: dict[str, Any] | None = Field(
+        default=None,
+        description="with explain: bm25, proximity, per-term tf/df, length, average_length, messages",
+    )
 
 
 class ThreadSummaryText(BaseModel):

@@ -60,6 +60,7 @@ async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONR
         thread_id=body.get("thread_id"),
         limit=body.get("limit", SEARCH_DEFAULT_LIMIT),
         summarize=body.get("summarize", True),
+        explain=body.get("explain", False),
         store=_store(svc),
         summarizer=_summarizer(svc),
     )

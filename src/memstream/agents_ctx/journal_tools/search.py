@@ -11,8 +11,10 @@ Guarantees:
 - Results belong to the caller's account and agent; a private thread (one whose messages
   carry a user id) is returned only to its user(s); messages without a user id are visible
   to every caller of the agent.
-- Every result contains every word of the query (case-insensitive); results are ranked by
-  relevance to the query, then newest first; at most ``limit`` (1-50, default 10).
+- A message matches when it shares at least one analysed term with the query (OR, never
+  AND: a question's extra words cannot hide its answer); results are ranked by BM25 with a
+  proximity bonus, then newest first; at most ``limit`` (1-50, default 10). ``explain``
+  adds each hit's score and its parts (docs/transcript-search.md, "Matching and ranking").
 - With ``summarize`` (default), exactly one utility-model call per distinct matching thread,
   each summarizing that thread's matching messages (in thread order); ``summaries`` lists
   them in the order their threads first appear in the results.
@@ -25,12 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+import orjson
+
 from memstream.errors import InvalidRequest
 from memstream.infra.llm.ports import SummaryModel
 from memstream.projections.messages import MessageStore, SearchHit, SearchSpec, query_words
 from memstream.projections.messages.sql import MAX_QUERY_WORDS
 from memstream.schemas.limits import SEARCH_DEFAULT_LIMIT, SEARCH_MAX_LIMIT, SEARCH_MIN_LIMIT
-from memstream.schemas.records import Caller, JSONObject, Message, iso
+from memstream.schemas.records import Caller, JSONObject, JSONValue, Message, iso
 
 Scope = Literal["all_threads", "current_thread"]
 SCOPES: Final = ("all_threads", "current_thread")
@@ -45,6 +49,7 @@ def build_search_spec(
     scope: object = "all_threads",
     thread_id: object = None,
     limit: object = SEARCH_DEFAULT_LIMIT,
+    explain: object = False,
 ) -> SearchSpec:
     """Validate the tool's arguments; every error names its field."""
     if not isinstance(query, str) or not query.strip():
@@ -58,6 +63,8 @@ def build_search_spec(
         raise InvalidRequest(f"query must have at most {MAX_QUERY_WORDS} words", field="query")
     if scope not in SCOPES:
         raise InvalidRequest("scope must be all_threads or current_thread", field="scope")
+    if not isinstance(explain, bool):
+        raise InvalidRequest("explain must be a boolean", field="explain")
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise InvalidRequest("limit must be an integer", field="limit")
     if not SEARCH_MIN_LIMIT <= limit <= SEARCH_MAX_LIMIT:
@@ -78,6 +85,7 @@ def build_search_spec(
         words=words,
         limit=limit,
         thread_id=scoped_thread,
+        explain=explain,
     )
 
 
@@ -103,11 +111,21 @@ class SearchResult:
                     "role": h.role,
                     "content": h.content,
                     "created_at": iso(h.created_at),
+                    **(
+                        {"score": round(h.relevance, 6), "explain": _json(h.explain)}
+                        if h.explain is not None
+                        else {}
+                    ),
                 }
                 for h in self.results
             ],
             "summaries": [{"thread_id": s.thread_id, "content": s.content} for s in self.summaries],
         }
+
+
+def _json(value: object) -> JSONValue:
+    """Score parts as JSON (they are built of str, int, float and dicts of them)."""
+    return orjson.loads(orjson.dumps(value))  # type: ignore[no-any-return]
 
 
 def hits_by_thread(caller: Caller, hits: Sequence[SearchHit]) -> dict[str, list[Message]]:
@@ -138,12 +156,13 @@ async def journal_message_search(
     thread_id: object = None,
     limit: object = SEARCH_DEFAULT_LIMIT,
     summarize: object = True,
+    explain: object = False,
     *,
     store: MessageStore,
     summarizer: SummaryModel,
 ) -> SearchResult:
     """Search the caller's transcripts. See the module docstring for the guarantees."""
-    spec = build_search_spec(caller, query, scope, thread_id, limit)
+    spec = build_search_spec(caller, query, scope, thread_id, limit, explain)
     if not isinstance(summarize, bool):
         raise InvalidRequest("summarize must be a boolean", field="summarize")
     hits = await store.search(spec)

@@ -17,11 +17,11 @@ Tables (database configurable, ``memstream`` by default):
 - ``thread_users``: the set of users who wrote in each thread, ``ReplacingMergeTree`` on
   ``(account_id, agent_id, thread_id, user_id)``. It decides privacy (see :func:`search_sql`).
 
-Ranking: every hit contains all query words (``hasAllTokens``); among them, relevance is
-``phrase + hits / sqrt(tokens)`` -- 1 when the lowercased words appear together as typed,
-plus how densely the message uses the query words (so a short message about the thing
-outranks a long one that mentions it once) -- then newest first. Scoring covers the newest
-:data:`RANK_WINDOW` matches (see :func:`search_sql`).
+Matching and ranking (docs/transcript-search.md): the ``terms`` column holds each message's
+analysed terms (:mod:`memstream.projections.analyzer`, computed by ClickHouse at insert) with
+a ``text`` index; a message matches when it shares *any* query term, and is scored by BM25
+(k1 :data:`BM25_K1`, b :data:`BM25_B`) over the caller's agent, plus a proximity bonus when
+consecutive query terms appear close together and in order; ties go to the newest.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from memstream.errors import InvalidRequest
+from memstream.projections.analyzer import query_terms, terms_sql
 from memstream.schemas.events import EVENT_TYPES as _EVENT_TYPES
 
 SqlParam: TypeAlias = str | int | Sequence[str]
@@ -50,17 +51,21 @@ SEARCH_SETTINGS: Final = (
 are off by default; newer ClickHouse ignores the first). Do not analyse the primary key with
 the private-thread set: a ``NOT IN`` set never narrows the read, and the analysis cost
 ~2 ms per search (identical results)."""
-RANK_WINDOW: Final = 200
-"""How many of the newest matching messages are scored. Queries matching fewer (nearly all
-specific queries) are ranked exactly; for very common words the ranking covers the newest
-200 matches, which bounds the scoring cost at any table size."""
+BM25_K1: Final = 1.2
+BM25_B: Final = 0.75
+"""BM25's term-frequency saturation and length normalisation (the usual defaults)."""
+PROXIMITY_WINDOW: Final = 3
+"""Consecutive query terms count as "together" when the second follows the first within
+this many positions in the message."""
+PROXIMITY_BOOST: Final = 0.5
+"""relevance = bm25 x (1 + PROXIMITY_BOOST x fraction of consecutive query-term pairs found
+together): an exact or near phrase lifts a message by up to half its BM25 score."""
+RERANK_WINDOW: Final = 100
+"""The proximity bonus is computed for the best RERANK_WINDOW messages by BM25 only."""
 MAX_QUERY_WORDS: Final = 32
 """More words than this cannot make a query more selective; reject rather than scan."""
 
 _IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# splitByNonAlpha splits on ASCII bytes that are not letters or digits; every non-ASCII
-# character is part of a token. This mirrors it exactly for the query side.
-_SEPARATORS: Final = re.compile(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")
 
 
 def check_database(name: str) -> str:
@@ -86,8 +91,8 @@ def ddl(database: str) -> list[str]:
     tool_call_ids Array(String),
     created_at DateTime64(3, 'UTC'),
     seq UInt64,
-    INDEX content_tokens content
-        TYPE text(tokenizer = splitByNonAlpha, preprocessor = lowerUTF8(content))
+    terms Array(String) MATERIALIZED {terms_sql("content")},
+    INDEX terms_index terms TYPE text(tokenizer = array)
 ) ENGINE = ReplacingMergeTree(seq)
 PARTITION BY toYear(created_at)
 ORDER BY (account_id, agent_id, thread_id, `offset`)
@@ -102,14 +107,36 @@ ORDER BY (account_id, agent_id, thread_id, user_id)""",
     ]
 
 
+def upgrade_ddl(database: str) -> list[str]:
+    """Statements that bring a ``messages`` table made before ranked search (no ``terms``
+    column) to the current layout: the column and its index are added and computed for the
+    rows already there (a one-off mutation), the old word index is dropped. Run only when
+    the column is missing (:func:`has_terms_sql`)."""
+    db = check_database(database)
+    return [
+        f"ALTER TABLE {db}.messages ADD COLUMN IF NOT EXISTS terms Array(String) "
+        f"MATERIALIZED {terms_sql('content')}",
+        f"ALTER TABLE {db}.messages MATERIALIZE COLUMN terms SETTINGS mutations_sync = 1",
+        f"ALTER TABLE {db}.messages ADD INDEX IF NOT EXISTS terms_index terms "
+        "TYPE text(tokenizer = array)",
+        f"ALTER TABLE {db}.messages MATERIALIZE INDEX terms_index SETTINGS mutations_sync = 1",
+        f"ALTER TABLE {db}.messages DROP INDEX IF EXISTS content_tokens",
+    ]
+
+
+def has_terms_sql(database: str) -> str:
+    """One row with 1 when ``messages`` has its ``terms`` column, 0 otherwise."""
+    db = check_database(database)
+    return (
+        "SELECT count() FROM system.columns WHERE database = {db:String} "
+        "AND table = 'messages' AND name = 'terms'"
+    ).replace("{db:String}", "'" + db + "'")
+
+
 def query_words(query: str) -> tuple[str, ...]:
-    """The query's words as the index sees text: split like ``splitByNonAlpha``, lowercased
-    (Python's ``str.lower`` agrees with ClickHouse's ``lowerUTF8``), duplicates dropped."""
-    seen: dict[str, None] = {}
-    for w in _SEPARATORS.split(query.lower()):
-        if w:
-            seen.setdefault(w, None)
-    return tuple(seen)
+    """The query's terms as the ``terms`` column holds text (:func:`.analyzer.query_terms`:
+    stemmed, stop words dropped unless nothing else is left, duplicates dropped)."""
+    return query_terms(query)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +149,7 @@ class SearchSpec:
     words: tuple[str, ...]
     limit: int
     thread_id: str | None = None
+    explain: bool = False
 
 
 def _visible_threads_filter(db: str, one_thread: bool) -> str:
@@ -139,43 +167,72 @@ def _visible_threads_filter(db: str, one_thread: bool) -> str:
 
 def search_sql(database: str, spec: SearchSpec) -> tuple[str, dict[str, SqlParam]]:
     """The ranked search. Rows: thread_id, message_id, offset, role, content, created_at
-    (epoch ms), relevance. At most one row per (thread, offset) even before merges.
+    (epoch ms), relevance, then the score parts (bm25, proximity, per-term tf and df, message
+    length, average length, messages counted). At most one row per (thread, offset) even
+    before merges.
 
-    Two stages keep the cost flat however common the words are: the text index finds every
-    visible message containing all the words, the newest :data:`RANK_WINDOW` of them are
-    read, and only those are scored and ranked (relevance, then recency).
+    Matching is OR: the text index finds every visible message holding any query term.
+    Term statistics are exact for the query: a message holding a term is a candidate, so the
+    document frequency of each term is counted over the (deduplicated) candidates; the
+    collection size and average length are the agent's (all its messages, private threads
+    included as counts only -- no text of theirs is read or returned).
     """
     db = check_database(database)
     thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
-    sql = f"""SELECT thread_id, message_id, `offset`, role, content,
-       toUnixTimestamp64Milli(created_at) AS created_ms,
-       (positionUTF8(lowerUTF8(content), {{phrase:String}}) > 0)
-         + arrayCount(t -> has({{words:Array(String)}}, t),
-                      tokens(lowerUTF8(content), 'splitByNonAlpha'))
-           / sqrt(greatest(length(tokens(lowerUTF8(content), 'splitByNonAlpha')), 1))
-         AS relevance
+    tenant = "account_id = {account_id:String} AND agent_id = {agent_id:String}"
+    sql = f"""WITH (SELECT tuple(count(), avg(length(terms))) FROM {db}.messages
+      WHERE {tenant}) AS collection,
+     toFloat64(ifNull(collection.1, 0)) AS n_docs,
+     greatest(toFloat64(ifNull(collection.2, 1)), 1.0) AS avg_len
+SELECT thread_id, message_id, `offset`, role, content, created_ms, relevance,
+       bm25, proximity, tf, df, doc_len, avg_len, n_docs
 FROM (
-    SELECT thread_id, message_id, `offset`, role, content, created_at
-    FROM {db}.messages
-    WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
-      {thread_filter}
-      AND hasAllTokens(content, {{words:Array(String)}})
-      AND {_visible_threads_filter(db, spec.thread_id is not None)}
-    ORDER BY created_at DESC, `offset` DESC
-    LIMIT {{window:UInt32}}
+    SELECT *,
+        arrayCount((a, b) -> arrayExists(
+                       (x, i) -> x = a AND has(arraySlice(terms, i + 1, {PROXIMITY_WINDOW}), b),
+                       terms, arrayEnumerate(terms)),
+                   {{pair_a:Array(String)}}, {{pair_b:Array(String)}})
+          / greatest(length({{pair_a:Array(String)}}), 1) AS proximity,
+        bm25 * (1 + {PROXIMITY_BOOST} * proximity) AS relevance
+    FROM (
+        SELECT *,
+            arraySum(arrayMap((tf_i, df_i) -> log(1 + (n_docs - df_i + 0.5) / (df_i + 0.5)) * tf_i
+                     * ({BM25_K1} + 1)
+                     / (tf_i + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * doc_len / avg_len)),
+                     tf, df)) AS bm25
+        FROM (
+            SELECT *, sumForEach(tf_hit) OVER () AS df
+            FROM (
+                SELECT thread_id, message_id, `offset`, role, content, terms,
+                       toUnixTimestamp64Milli(created_at) AS created_ms,
+                       length(terms) AS doc_len,
+                       arrayMap(t -> countEqual(terms, t), {{terms:Array(String)}}) AS tf,
+                       arrayMap(n -> toUInt64(n > 0), tf) AS tf_hit
+                FROM {db}.messages
+                WHERE {tenant}
+                  {thread_filter}
+                  AND hasAnyTokens(terms, {{terms:Array(String)}})
+                  AND {_visible_threads_filter(db, spec.thread_id is not None)}
+                LIMIT 1 BY thread_id, `offset`
+            )
+        )
+        ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
+        LIMIT {{rerank:UInt32}}
+    )
 )
 ORDER BY relevance DESC, created_ms DESC, `offset` DESC, thread_id
-LIMIT 1 BY thread_id, `offset`
 LIMIT {{limit:UInt32}}
 SETTINGS {SEARCH_SETTINGS}"""
+    words = list(spec.words)
     params: dict[str, SqlParam] = {
         "account_id": spec.account_id,
         "agent_id": spec.agent_id,
         "user_id": spec.user_id or "",
-        "words": list(spec.words),
-        "phrase": " ".join(spec.words),
+        "terms": words,
+        "pair_a": words[:-1],
+        "pair_b": words[1:],
         "limit": spec.limit,
-        "window": RANK_WINDOW,
+        "rerank": max(RERANK_WINDOW, spec.limit),
     }
     if spec.thread_id is not None:
         params["thread_id"] = spec.thread_id

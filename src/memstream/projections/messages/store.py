@@ -45,9 +45,11 @@ from memstream.projections.messages.sql import (
     count_sql,
     ddl,
     erase_thread_sql,
+    has_terms_sql,
     journal_batch_sql,
     search_sql,
     thread_visible_sql,
+    upgrade_ddl,
 )
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ class SearchHit:
     content: str
     created_at: datetime
     relevance: float
+    explain: dict[str, object] | None = None
+    """The score's parts when the search asked for them (``SearchSpec.explain``)."""
 
 
 class MessageStore:
@@ -84,6 +88,11 @@ class MessageStore:
         """Create the database and tables if missing (idempotent)."""
         for stmt in ddl(self.database):
             await self.engine.command(stmt)
+        rows = await self.engine.rows(has_terms_sql(self.database), {})
+        if not rows or int(str(rows[0][0])) == 0:
+            log.warning("messages table predates ranked search: adding its terms column")
+            for stmt in upgrade_ddl(self.database):
+                await self.engine.command(stmt)
 
     async def write(self, rows: Sequence[MessageRow]) -> int:
         """Insert a batch; returns the message rows written. Durable on return. Rows of
@@ -148,7 +157,27 @@ class MessageStore:
             content,
             created_ms,
             relevance,
+            bm25,
+            proximity,
+            tf,
+            df,
+            doc_len,
+            avg_len,
+            n_docs,
         ) in await self.engine.rows(sql, params):
+            explain: dict[str, object] | None = None
+            if spec.explain:
+                explain = {
+                    "bm25": round(float(str(bm25)), 6),
+                    "proximity": round(float(str(proximity)), 6),
+                    "terms": {
+                        t: {"tf": int(str(f)), "df": int(str(d))}
+                        for t, f, d in zip(spec.words, _ints(tf), _ints(df), strict=False)
+                    },
+                    "length": int(str(doc_len)),
+                    "average_length": round(float(str(avg_len)), 3),
+                    "messages": int(str(n_docs)),
+                }
             out.append(
                 SearchHit(
                     thread_id=str(thread_id),
@@ -158,6 +187,7 @@ class MessageStore:
                     content=str(content),
                     created_at=datetime.fromtimestamp(int(str(created_ms)) / 1000, tz=UTC),
                     relevance=float(str(relevance)),
+                    explain=explain,
                 )
             )
         return out
@@ -213,3 +243,11 @@ class MessageStore:
         never depends on it."""
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.messages FINAL")
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.thread_users FINAL")
+
+
+def _ints(value: object) -> list[int]:
+    """An Array(UInt64) from the engine (a list, or its text form) as ints."""
+    if isinstance(value, list | tuple):
+        return [int(str(v)) for v in value]
+    text = str(value).strip("[]")
+    return [int(v) for v in text.split(",") if v.strip()]
