@@ -180,6 +180,14 @@ async def test_admin_append_needs_token(api_stack: ApiStack) -> None:
         "/admin/append", json=body, headers={"X-Memstream-Admin-Token": "admin-secret"}
     )
     assert r.status_code == 200 and r.json()["appended"][0]["offset"] == 0
+    # an unknown account is refused, and not created
+    r = await c.post(
+        "/admin/append",
+        json=body | {"account_id": "nobody"},
+        headers={"X-Memstream-Admin-Token": "admin-secret"},
+    )
+    assert r.status_code == 404 and r.json()["error"]["field"] == "account_id"
+    assert not await api_stack.services.accounts.account_exists("nobody")
 
 
 async def test_healthz(api_stack: ApiStack) -> None:

@@ -95,6 +95,7 @@ async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) ->
             '{"account_id": "acme", "agent_id": "bot", "thread_id": "t1", "role": "bogus", "content": "x"}\n'
             "not json\n"
             '{"account_id": "acme", "agent_id": "bot", "thread_id": "t2", "role": "user", "content": "other thread"}\n'
+            '{"account_id": "acmee", "agent_id": "bot", "thread_id": "t1", "role": "user", "content": "typo"}\n'
         )
         res = subprocess.run(
             [
@@ -111,9 +112,10 @@ async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) ->
             text=True,
             timeout=120,
         )
-        assert res.returncode == 1, res.stderr  # two bad lines
+        assert res.returncode == 1, res.stderr  # three bad lines
         assert "line 2 (role)" in res.stderr and "line 3" in res.stderr
-        assert "2 appended, 2 failed" in res.stderr
+        assert "line 5 (account_id)" in res.stderr and "no account 'acmee'" in res.stderr
+        assert "2 appended, 3 failed" in res.stderr
 
         res = cli("hygiene", "--now", "--data-dir", str(data))
         assert res.returncode == 0, res.stderr
@@ -121,7 +123,10 @@ async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) ->
 
         res = cli("lag", "--json", "--data-dir", str(data))
         assert res.returncode == 0, res.stderr
-        groups = {row["group"] for row in json.loads(res.stdout)}
+        lag_rows = json.loads(res.stdout)
+        groups = {row["group"] for row in lag_rows}
+        # groups that committed show "since commit" (read from the commits' metadata)
+        assert any(row["since_commit_s"] is not None for row in lag_rows), lag_rows
         assert groups == {
             "memstream-counters",
             "memstream-summarizer",

@@ -7,6 +7,7 @@ module; each test writes events with its own marker and only looks at those.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
@@ -20,7 +21,7 @@ from memstream.infra.metrics import Metrics, make_metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.events import Envelope, encode, thread_event
 from memstream.schemas.topics import JOURNAL, Topics
-from memstream.streams.consumer import group_id
+from memstream.streams.consumer import commit_stamp, group_id
 from memstream.streams.dlq import list_dead_letters, retry_dead_letters
 from memstream.streams.lag import consumer_lag, max_lag, processor_groups
 from memstream.streams.processor import EventMeta, Processor, Received, RetryPolicy
@@ -287,7 +288,7 @@ async def test_runner_group_lag_reaches_zero_with_true_end_offsets(pipeline: Pip
     assert sum(r.end_offset for r in rows) == total
 
 
-async def _lag_matches_known_counts(bootstrap: str) -> None:
+async def _lag_matches_known_counts(bootstrap: str, *, keeps_commit_metadata: bool = True) -> None:
     topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
     await ensure_topics(bootstrap, topics, PARTITIONS, 1)
     # Several records per producer batch: Tansu's ListOffsets is wrong for these.
@@ -310,6 +311,15 @@ async def _lag_matches_known_counts(bootstrap: str) -> None:
         assert (by_p[tp.partition].committed, by_p[tp.partition].lag) == (3, 4)
         assert max_lag(rows) == 4
         assert by_p[tp.partition].since_commit_s is not None
+        # without the caller's record, "since commit" comes from the commit's metadata,
+        # as our consumers write it: readable from any process (memstream lag)
+        await consumer.commit({tp: OffsetAndMetadata(4, commit_stamp(time.time() - 5))})
+        rows = await consumer_lag(bootstrap, {group: [topics.journal]})
+        since = {r.partition: r for r in rows}[tp.partition].since_commit_s
+        if keeps_commit_metadata:
+            assert since is not None and 4.5 <= since <= 60
+        else:  # Tansu drops a commit's metadata: "since commit" stays unknown there
+            assert since is None
     finally:
         await consumer.stop()
 
@@ -320,7 +330,7 @@ async def test_lag_matches_known_counts(kafka_bootstrap: str) -> None:
 
 @pytest.mark.tansu
 async def test_lag_matches_known_counts_on_tansu(tansu_bootstrap: str) -> None:
-    await _lag_matches_known_counts(tansu_bootstrap)
+    await _lag_matches_known_counts(tansu_bootstrap, keeps_commit_metadata=False)
 
 
 async def test_unknown_processor_name_is_refused(pipeline: Pipeline) -> None:

@@ -86,6 +86,7 @@ class Accounts:
         # instance refreshes it at once.
         self._memory_cache: dict[tuple[str, str], tuple[bool, float]] = {}
         self._token_cache: dict[str, tuple[TokenPolicy, float]] = {}
+        self._known_accounts: set[str] = set()
 
     async def touch_agent(self, account_id: str, agent_id: str) -> None:
         """Make sure the agent exists (implicit creation on first use), cheaply."""
@@ -95,6 +96,17 @@ class Accounts:
         if len(self._known_agents) >= self._known_agents_max:
             self._known_agents.clear()
         self._known_agents.add((account_id, agent_id))
+
+    async def account_exists(self, account_id: str) -> bool:
+        """Whether the account exists (accounts are never deleted: a yes is remembered)."""
+        if account_id in self._known_accounts:
+            return True
+        found = await self.pool.fetchval("SELECT 1 FROM accounts WHERE account_id = $1", account_id)
+        if found is not None:
+            if len(self._known_accounts) >= self._known_agents_max:
+                self._known_accounts.clear()
+            self._known_accounts.add(account_id)
+        return found is not None
 
     async def ensure_account(self, account_id: str) -> None:
         await self.pool.execute(

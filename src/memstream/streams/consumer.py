@@ -161,6 +161,21 @@ def flatten_poll(
 
 
 # --- the adapter -----------------------------------------------------------------------------
+def commit_stamp(unix_s: float) -> str:
+    """The metadata stored with a commit: ``t=<unix seconds>``."""
+    return f"t={unix_s:.3f}"
+
+
+def commit_time(metadata: str | None) -> float | None:
+    """The commit time in a commit's metadata (None when absent or foreign)."""
+    if not metadata or not metadata.startswith("t="):
+        return None
+    try:
+        return float(metadata[2:])
+    except ValueError:
+        return None
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, owner: ProcessorConsumer) -> None:
         self._owner = owner
@@ -413,7 +428,12 @@ class ProcessorConsumer:
         if not offsets:
             return
         try:
-            await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+            # the commit's metadata carries its wall-clock time: `memstream lag`, in another
+            # process, reads it back as "since commit" (Kafka keeps no commit time itself)
+            stamp = commit_stamp(time.time())
+            await self._consumer.commit(
+                {tp: OffsetAndMetadata(o, stamp) for tp, o in offsets.items()}
+            )
         except KafkaError as e:
             log.warning("%s: commit failed (retried with the next): %s", self.processor.name, e)
             return

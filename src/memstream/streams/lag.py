@@ -14,8 +14,10 @@ How the numbers are obtained, and why:
 - Committed offsets come from ``OffsetFetch`` with the partitions listed explicitly
   (Tansu drops the connection when the list is omitted). A partition the group never
   committed counts as committed at its log start offset (everything is lag).
-- Kafka does not expose when a group committed. ``last_commit`` (group -> unix time) lets a
-  caller that knows (the runner records each commit of the processors it hosts) fill it in;
+- Kafka does not expose when a group committed, so our consumers write the commit's wall
+  time into its metadata (``t=<unix s>``), and ``since_commit_s`` is read from there, in any
+  process (``memstream lag``). ``last_commit`` (group -> unix time) overrides it for a
+  caller that knows (the runner records each commit of the processors it hosts);
   :class:`LagWatcher` derives it across calls from when the committed offset last moved
   (``memstream lag --watch``). Otherwise ``since_commit_s`` is None.
 
@@ -36,6 +38,7 @@ from memstream.errors import InvalidRequest
 from memstream.infra.kafka.failures import KAFKA_FAILURES, translate
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
+from memstream.streams.consumer import commit_time
 
 __all__ = [
     "LagRow",
@@ -141,6 +144,13 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
     return set(parts)
 
 
+def _since(now: float, known: float | None, metadata: str | None) -> float | None:
+    """Seconds since the group's last commit: the caller's record, else the time our
+    consumers write into each commit's metadata, else unknown."""
+    at = known if known is not None else commit_time(metadata)
+    return None if at is None else max(0.0, now - at)
+
+
 async def consumer_lag(
     bootstrap: str,
     groups: Mapping[str, Sequence[str]],
@@ -178,7 +188,7 @@ async def consumer_lag(
                         committed=committed,
                         end_offset=end,
                         lag=max(0, end - base),
-                        since_commit_s=None if lc is None else max(0.0, now - lc),
+                        since_commit_s=_since(now, lc, om.metadata if om is not None else None),
                     )
                 )
     except KAFKA_FAILURES as exc:

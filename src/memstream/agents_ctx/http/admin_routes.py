@@ -17,7 +17,7 @@ from memstream.agents_ctx.http.deps import ServicesDep, services
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.http.threads_routes import journal_created
 from memstream.agents_ctx.validation import check_id, parse_append_body
-from memstream.errors import Unauthorized
+from memstream.errors import NotFound, Unauthorized
 from memstream.schemas import wire
 from memstream.schemas.records import ThreadRef
 
@@ -38,7 +38,7 @@ router = APIRouter(prefix="/admin", dependencies=[Depends(admin)])
 
 @router.post(
     "/append",
-    **contract(body=wire.AdminAppendBody, answer=wire.Appended, errors=(400, 401, 413, 503)),
+    **contract(body=wire.AdminAppendBody, answer=wire.Appended, errors=(400, 401, 404, 413, 503)),
 )
 async def append(request: Request, svc: ServicesDep) -> JSONResponse:
     """``{"account_id", "agent_id", "thread_id", "user_id"?, "messages": [...]}``."""
@@ -51,7 +51,13 @@ async def append(request: Request, svc: ServicesDep) -> JSONResponse:
     user = body.get("user_id")
     user_id = check_id(user, "user_id") if user is not None else None
     messages = parse_append_body({"messages": body.get("messages")}, user_id)
-    await svc.accounts.ensure_account(ref.account_id)
+    if not await svc.accounts.account_exists(ref.account_id):
+        # an operator's typo must not create an account (nothing is written)
+        raise NotFound(
+            f"no account {ref.account_id!r}: create it with "
+            f"`memstream keys create {ref.account_id}`",
+            field="account_id",
+        )
     await svc.accounts.ensure_agent(ref.account_id, ref.agent_id)
     thread, created = await svc.threads.open_as_operator(ref, user_id)
     if created:

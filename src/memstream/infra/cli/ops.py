@@ -13,6 +13,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
@@ -44,23 +45,47 @@ def _bootstrap(data_dir: object) -> tuple[str, Topics]:
     return s.kafka_bootstrap, Topics(s.topic_prefix)
 
 
+def _full_table(title: str, columns: list[str], rows: list[list[str]], fold: str = "") -> Table:
+    """A table that never shortens a value a user may have to copy: every column is as wide
+    as its longest value, except ``fold``, which wraps (free text such as an error)."""
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        if col == fold:
+            table.add_column(col, overflow="fold", ratio=1)
+        else:
+            width = max([len(col), *(len(r[i]) for r in rows)])
+            table.add_column(col, no_wrap=True, min_width=width)
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
+def _print_full(table: Table) -> None:
+    """Print at least as wide as the table needs (a pipe is 80 columns to rich)."""
+    need = sum((c.min_width or 0) + 3 for c in table.columns) + 1
+    fold = any(c.overflow == "fold" for c in table.columns)
+    width = max(out.width, need + (30 if fold else 0))
+    Console(width=width, force_terminal=out.is_terminal).print(table)
+
+
 def _lag_table(rows: list[object]) -> Table:
-    table = Table(title="consumer lag")
-    for col in ("group", "topic", "partition", "committed", "end", "lag", "since commit"):
-        table.add_column(col, justify="right" if col not in ("group", "topic") else "left")
+    cells = []
     for r in rows:
         d = r.to_dict()  # type: ignore[attr-defined]
         since = d["since_commit_s"]
-        table.add_row(
-            d["group"],
-            d["topic"],
-            str(d["partition"]),
-            "-" if d["committed"] is None else str(d["committed"]),
-            str(d["end_offset"]),
-            str(d["lag"]),
-            "-" if since is None else f"{since:.1f}s",
+        cells.append(
+            [
+                d["group"],
+                d["topic"],
+                str(d["partition"]),
+                "-" if d["committed"] is None else str(d["committed"]),
+                str(d["end_offset"]),
+                str(d["lag"]),
+                "-" if since is None else f"{since:.1f}s",
+            ]
         )
-    return table
+    columns = ["group", "topic", "partition", "committed", "end", "lag", "since commit"]
+    return _full_table("consumer lag", columns, cells)
 
 
 @app.command()
@@ -87,7 +112,7 @@ def lag(
         if as_json:
             print(orjson.dumps([r.to_dict() for r in rows]).decode())
         else:
-            out.print(_lag_table(rows))
+            _print_full(_lag_table(rows))
         if max_lag is not None and biggest(rows) > max_lag:
             err.print(f"lag {biggest(rows)} exceeds --max-lag {max_lag}")
             raise typer.Exit(1)
@@ -128,17 +153,12 @@ def dlq_list(
     if as_json:
         print(orjson.dumps(letters).decode())  # dataclasses serialise natively
         return
-    table = Table(title=f"{len(letters)} dead letter(s)")
-    for col in ("id", "processor", "origin", "error"):
-        table.add_column(col)
-    for d in letters:
-        table.add_row(
-            d.id,
-            d.processor,
-            f"{d.origin_topic}/{d.origin_partition}@{d.origin_offset}",
-            d.error[:120],
-        )
-    out.print(table)
+    cells = [
+        [d.id, d.processor, f"{d.origin_topic}/{d.origin_partition}@{d.origin_offset}", d.error]
+        for d in letters
+    ]
+    title = f"{len(letters)} dead letter(s)"
+    _print_full(_full_table(title, ["id", "processor", "origin", "error"], cells, fold="error"))
 
 
 @dlq_app.command("retry")
