@@ -201,7 +201,7 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     for box in d.find_elements(By.CSS_SELECTOR, "tr[data-letter] input[type=checkbox]"):
         box.click()
     d.find_element(By.ID, "retry-selected").click()
-    wait_until(lambda: "Re-published 1" in text(d, "#letters"), 60, "the retry outcome")
+    wait_until(lambda: "Re-published 1." in text(d, "#letters"), 60, "the retry outcome")
     remaining = {
         e.get_attribute("data-letter") for e in d.find_elements(By.CSS_SELECTOR, "tr[data-letter]")
     }
@@ -310,19 +310,44 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     )
     shot(d, "09-replay")
 
+    # --- on a phone's width the pages reflow (one column; wide tables scroll inside) ----------
+    d.set_window_size(390, 844)
+    d.get(url + "/console")
+    wait_until(lambda: d.find_elements(By.CSS_SELECTOR, "#lag-chart canvas"), 30, "the chart")
+    page_width = d.execute_script("return document.documentElement.scrollWidth")
+    assert page_width <= 400, f"the overview overflows a phone's width ({page_width}px)"
+    shot(d, "10-overview-phone")
+    d.get(url + "/console/dlq?state=all")
+    assert d.execute_script("return document.documentElement.scrollWidth") <= 400
+    shot(d, "11-dead-letters-phone")
+    d.set_window_size(1280, 800)
+
     # --- refused: no session cookie, a bad CSRF token ------------------------------------------
     raw = httpx.Client(base_url=url, timeout=30)
     r = raw.get("/console", follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/console/login"
     r = raw.post("/console/dlq/retry", data={"id": ids[0], "csrf_token": csrf})
     assert r.status_code == 401
-    jar = {"memstream_console": cookie["value"]}
-    r = raw.post("/console/dlq/retry", data={"id": ids[0], "csrf_token": "forged"}, cookies=jar)
+    logged_in = httpx.Client(
+        base_url=url, timeout=30, cookies={"memstream_console": cookie["value"]}
+    )
+    r = logged_in.post("/console/dlq/retry", data={"id": ids[0], "csrf_token": "forged"})
     assert r.status_code == 403
-    r = raw.post("/console/dlq/retry", data={"id": ids[0]}, cookies=jar)
+    r = logged_in.post("/console/dlq/retry", data={"id": ids[0]})
     assert r.status_code == 403
-    r = raw.post("/console/replay", data={"projection": "memory"}, cookies=jar)
+    r = logged_in.post("/console/replay", data={"projection": "memory"})
     assert r.status_code == 403
     # the real token passes (the same request shape is not refused for another reason)
-    r = raw.post("/console/dlq/retry", data={"id": ids[0], "csrf_token": csrf}, cookies=jar)
+    r = logged_in.post("/console/dlq/retry", data={"id": ids[0], "csrf_token": csrf})
     assert r.status_code == 200
+
+    # --- logging out ends the session: its cookie no longer opens anything ----------------------
+    d.get(url + "/console")
+    d.find_element(By.CSS_SELECTOR, "form.logout button").click()
+    wait_until(lambda: d.current_url.endswith("/console/login"), 30, "the login form")
+    r = logged_in.get("/console", follow_redirects=False)
+    assert r.status_code == 303
+    r = logged_in.post("/console/dlq/retry", data={"id": ids[0], "csrf_token": csrf})
+    assert r.status_code == 401
+    for c in (api, raw, logged_in):
+        c.close()

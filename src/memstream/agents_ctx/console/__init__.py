@@ -33,3 +33,12 @@ def mount(app: FastAPI) -> None:
     app.mount("/console/static", static_files(), name="console-static")
     app.include_router(router)
     app.include_router(memory_router)
+
+
+async def stop(app: FastAPI) -> None:
+    """Cancel the console's background work (the lag sampler, replays it started)."""
+    from memstream.agents_ctx.console.state import ConsoleState
+
+    st = getattr(app.state, "console", None)
+    if isinstance(st, ConsoleState):
+        await st.stop()

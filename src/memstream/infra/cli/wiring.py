@@ -176,6 +176,9 @@ class Stack:
         assert self.services is not None
         s = self.settings
         app = create_app(self.services)
+        from memstream.agents_ctx.console import stop as stop_console
+
+        self._stoppers.append(lambda: stop_console(app))  # its sampler and replays
         config = uvicorn.Config(
             app, host=s.host, port=s.port, log_level="warning", lifespan="off", access_log=False
         )
