@@ -183,6 +183,48 @@ async def test_relay_catches_up_after_the_broker_stops_and_restarts(
         await broker.stop()
 
 
+async def test_an_oversized_record_is_quarantined_and_every_tenant_goes_on(
+    journal: Journal, bus: Bus, kafka_bootstrap: str, unique_topics: Topics
+) -> None:
+    """Issue 12, defect 2: a record the broker would refuse used to stop the relay for all."""
+    from memstream.errors import InvalidRequest
+    from memstream.schemas.events import thread_event
+    from memstream.schemas.limits import MAX_BUS_RECORD_BYTES
+
+    await ensure_topics(kafka_bootstrap, unique_topics, 2, 1)
+    # the API's edge refuses a message the bus cannot carry, naming the field
+    with pytest.raises(InvalidRequest) as refused:
+        await journal.append(THREADS[0], [NewMessage(role="user", content="\U0001f600" * 400_000)])
+    assert refused.value.field == "messages[0].content"
+    # one got into the journal anyway (an older version, a direct event): it is quarantined
+    huge = thread_event(
+        "thread.created", "other", "agent", "big", ts=1, data={"blob": "x" * MAX_BUS_RECORD_BYTES}
+    )
+    seq = await journal.append_event(huge)
+    appended = await append_round(journal, "after", rounds=1)
+    metrics = make_metrics()
+    relay = JournalRelay(journal, bus, unique_topics, metrics=metrics)
+    await relay.start()
+    try:
+        assert await relay.wait_caught_up(30), relay.stats  # not stuck behind the big one
+    finally:
+        await relay.stop()
+    assert relay.stats.quarantined == 1
+    check_topic(await read_topic(kafka_bootstrap, unique_topics.journal), appended)
+    letters = [
+        decode(v)
+        for recs in (await read_topic(kafka_bootstrap, unique_topics.dlq)).values()
+        for _, v in recs
+    ]
+    assert [(d.data["origin_offset"], d.account_id) for d in letters] == [(seq, "other")]
+    assert "quarantined" in str(letters[0].data["error"])
+    sample = metrics.sample(
+        "memstream_dlq_events_total",
+        {"processor": "journal-relay", "origin_topic": unique_topics.journal},
+    )
+    assert sample == 1
+
+
 @pytest.mark.tansu
 async def test_relay_order_per_thread_on_tansu(
     journal: Journal, tansu_bootstrap: str, unique_topics: Topics

@@ -45,3 +45,29 @@ def test_thread_key_without_thread_falls_back_to_agent() -> None:
 def test_empty_batch_plans_nothing() -> None:
     plan = plan_batch([], "p.journal", ts=0)
     assert plan.records == [] and plan.poison == [] and plan.last_seq == 0
+
+
+def test_an_oversized_record_is_quarantined_by_reference_and_the_rest_goes_on() -> None:
+    big = Envelope(
+        type="thread.created",
+        id="big",
+        ts=1,
+        account_id="acc",
+        agent_id="ag",
+        thread_id="t9",
+        data={"blob": "é" * 600},
+    )
+    rows = [(1, encode(env("t1", "a"))), (2, encode(big)), (3, encode(env("t2", "b")))]
+    plan = plan_batch(rows, "p.journal", ts=5, max_record_bytes=1_000)
+    assert [k for k, _ in plan.records] == ["acc/ag/t1", "acc/ag/t2"]  # the others still go
+    assert plan.oversized == (2,) and plan.last_seq == 3
+    (letter,) = [decode(v) for _, v in plan.poison]
+    assert letter.data["origin_offset"] == 2 and "quarantined" in str(letter.data["error"])
+    assert letter.account_id == "acc" and letter.data["lossless"] is False  # never retried
+    assert len(encode(letter)) < len(rows[1][1]) + 1_000  # a head, not the whole record
+
+
+def test_a_record_at_the_limit_still_travels() -> None:
+    raw = encode(env("t1", "a"))
+    plan = plan_batch([(1, raw)], "p.journal", ts=5, max_record_bytes=len(raw) + len("acc/ag/t1"))
+    assert plan.oversized == () and len(plan.records) == 1

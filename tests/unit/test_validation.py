@@ -79,3 +79,27 @@ def test_batches_keep_thread_order_and_split() -> None:
     got = [(b.thread_id, b.lines) for b in batches(rows)]
     assert got == [("t1", [1, 2]), ("t2", [3]), ("t1", [4])]
     assert all("account_id" not in m for b in batches(rows) for m in b.messages)
+
+
+def test_a_message_too_big_for_the_bus_or_holding_nul_is_refused_naming_the_field() -> None:
+    from memstream.infra.journal.writer import check_fits_the_bus
+    from memstream.schemas.limits import MAX_BUS_RECORD_BYTES, MAX_MESSAGE_CONTENT_CHARS
+    from memstream.schemas.records import NewMessage, ToolCall
+
+    # within the character limit, but 4 bytes a character: it would never reach the bus
+    emoji = "\U0001f600" * (MAX_MESSAGE_CONTENT_CHARS // 2)
+    with pytest.raises(InvalidRequest) as e:
+        check_fits_the_bus(NewMessage(role="user", content=emoji), "messages[0].content")
+    assert e.value.field == "messages[0].content" and str(MAX_BUS_RECORD_BYTES) in e.value.message
+    big_args = ToolCall(id="c1", name="f", arguments={"x": "y" * MAX_BUS_RECORD_BYTES})
+    with pytest.raises(InvalidRequest):
+        check_fits_the_bus(NewMessage(role="assistant", content="", tool_calls=(big_args,)), "c")
+    with pytest.raises(InvalidRequest) as e:
+        check_fits_the_bus(NewMessage(role="user", content="a\x00b"), "messages[1].content")
+    assert e.value.field == "messages[1].content" and "NUL" in e.value.message
+    with pytest.raises(InvalidRequest) as e:
+        check_fits_the_bus(
+            NewMessage(role="assistant", content="ok", reasoning="\x00"), "messages[2].content"
+        )
+    assert e.value.field == "messages[2].reasoning"
+    check_fits_the_bus(NewMessage(role="user", content="x" * 900_000), "ok")  # fits

@@ -18,7 +18,6 @@ processor_latency_seconds                      histogram  processor
 processor_last_commit_timestamp_seconds        gauge      processor
 consumer_lag                                   gauge      group, topic, partition
 consumer_gaps_total                            counter    processor, kind (rewound, accepted)
-projection_gap                                 gauge      projection
 dlq_events_total                               counter    processor, origin_topic
 journal_append_seconds                         histogram  -
 journal_group_commit_batch_size                histogram  -
@@ -111,13 +110,6 @@ class Metrics:
             "expected: rewound (sought back and re-read) or accepted (the broker no longer has "
             "the records in between, e.g. retention).",
             ["processor", "kind"],
-            registry=r,
-        )
-        self.projection_gap = Gauge(
-            "memstream_projection_gap",
-            "Journal sequence minus the highest sequence a projection applied (its lag in "
-            "journal records, whatever the broker says).",
-            ["projection"],
             registry=r,
         )
         self.dead_letters = Counter(

@@ -350,11 +350,13 @@ def dead_letter(
     ts: int,
     account_id: str = "",
     agent_id: str = "",
+    truncated: bool = False,
 ) -> Envelope:
     """Wrap an event a processor could not handle. ``raw`` is kept as text (lossless for JSON;
-    undecodable bytes are replaced and flagged)."""
+    undecodable bytes are replaced and flagged). ``truncated``: ``raw`` is only the start of
+    the record (a quarantined oversized one), so it is flagged lossy too (never retried)."""
     try:
-        payload, lossless = raw.decode("utf-8"), True
+        payload, lossless = raw.decode("utf-8"), not truncated
     except UnicodeDecodeError:
         payload, lossless = raw.decode("utf-8", "replace"), False
     return Envelope(

@@ -79,3 +79,11 @@ TOOL_VIEW_MAX_BYTES: Final = 32_768
 MAX_MESSAGE_CONTENT_CHARS: Final = 1_000_000
 MAX_MESSAGES_PER_APPEND: Final = 1_000
 MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
+
+# --- the bus ---------------------------------------------------------------------------------
+MAX_BUS_RECORD_BYTES: Final = 1_000_000
+"""Largest journal record (key + encoded envelope) the bus carries. Kafka refuses records over
+``message.max.bytes`` (1 MiB + 12 by default) and the producer requests over 1 MiB; this
+leaves room for the batch and record headers. An append whose message would encode larger is
+refused at the edge (field ``messages[i].content``); a larger record found in the journal
+anyway is quarantined by the relay (dead letter, alert) instead of stopping it."""

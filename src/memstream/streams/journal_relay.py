@@ -20,6 +20,11 @@ Guarantees:
   (``min_backoff`` → ``max_backoff``) and catches up when Kafka returns.
 * **Poison records** (a sequenced value that is not a valid envelope) go to the dead-letter
   topic as data and the relay moves on.
+* **Oversized records** (over :data:`~memstream.schemas.limits.MAX_BUS_RECORD_BYTES`, which
+  the broker would refuse forever) are *quarantined*: a dead letter naming the seq and the
+  size, with the first bytes of the record (the whole record stays in the journal), an error
+  log line, ``stats.quarantined``; the relay moves on, so one record never stops every
+  tenant. The API refuses such appends at the edge, so this is a safety net.
 
 Wake-up: :meth:`JournalRelay.notify` (call it after an append) wakes the relay at once;
 otherwise it polls the journal every ``poll_interval`` seconds.
@@ -42,6 +47,7 @@ from memstream.errors import InfraError, JournalError, JournalFenced
 from memstream.infra.kafka.bus import Bus
 from memstream.infra.metrics import Metrics
 from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
+from memstream.schemas.limits import MAX_BUS_RECORD_BYTES
 from memstream.schemas.topics import Topics
 
 __all__ = ["JournalRelay", "RelaySource", "RelayStats", "plan_batch"]
@@ -67,6 +73,7 @@ class RelayStats:
     batches: int = 0
     failures: int = 0  # failed attempts (Kafka or journal)
     dead_lettered: int = 0
+    quarantined: int = 0  # oversized records dead-lettered by reference (seq) instead
     last_error: str = ""
 
 
@@ -77,6 +84,7 @@ class Planned:
     records: list[tuple[str, bytes]]
     poison: list[tuple[str, bytes]]
     last_seq: int
+    oversized: tuple[int, ...] = ()  # seqs quarantined (their letters are in ``poison``)
 
 
 def thread_key(env: Envelope) -> str:
@@ -86,13 +94,25 @@ def thread_key(env: Envelope) -> str:
     return f"{env.account_id}/{env.agent_id}/{env.thread_id}"
 
 
-def plan_batch(rows: Sequence[tuple[int, bytes]], journal_topic: str, ts: int) -> Planned:
+#: How much of an oversized record its quarantine letter keeps (the journal keeps it all).
+QUARANTINE_HEAD_BYTES = 4_096
+
+
+def plan_batch(
+    rows: Sequence[tuple[int, bytes]],
+    journal_topic: str,
+    ts: int,
+    max_record_bytes: int = MAX_BUS_RECORD_BYTES,
+) -> Planned:
     """Pure rule: turn sequenced journal rows into keyed records (and dead letters).
 
     The value published is the journal's bytes unchanged, so a re-publication is identical.
+    A row that does not decode, or whose record would exceed ``max_record_bytes``, becomes a
+    dead letter instead (an oversized one keeps only its first bytes: see module doc).
     """
     records: list[tuple[str, bytes]] = []
     poison: list[tuple[str, bytes]] = []
+    oversized: list[int] = []
     for seq, raw in rows:
         try:
             env = decode(raw)
@@ -109,8 +129,31 @@ def plan_batch(rows: Sequence[tuple[int, bytes]], journal_topic: str, ts: int) -
             )
             poison.append((PROCESSOR, encode(letter)))
             continue
-        records.append((thread_key(env), raw))
-    return Planned(records, poison, rows[-1][0] if rows else 0)
+        key = thread_key(env)
+        size = len(raw) + len(key.encode())
+        if size > max_record_bytes:
+            letter = dead_letter(
+                raw=raw[:QUARANTINE_HEAD_BYTES],
+                error=(
+                    f"quarantined: journal seq {seq} encodes to {size} bytes, over the bus "
+                    f"limit of {max_record_bytes}; the record stays in the journal (first "
+                    f"{QUARANTINE_HEAD_BYTES} bytes here)"
+                ),
+                processor=PROCESSOR,
+                topic=journal_topic,
+                partition=-1,
+                offset=seq,
+                key=key.encode(),
+                ts=ts,
+                account_id=env.account_id,
+                agent_id=env.agent_id,
+                truncated=True,
+            )
+            poison.append((key, encode(letter)))
+            oversized.append(seq)
+            continue
+        records.append((key, raw))
+    return Planned(records, poison, rows[-1][0] if rows else 0, tuple(oversized))
 
 
 class JournalRelay:
@@ -236,7 +279,8 @@ class JournalRelay:
         if self._failed_upto > self._watermark:
             self.stats.republished += sum(1 for s, _ in rows if s <= self._failed_upto)
         self.stats.published += len(plan.records)
-        self.stats.dead_lettered += len(plan.poison)
+        self.stats.dead_lettered += len(plan.poison) - len(plan.oversized)
+        self.stats.quarantined += len(plan.oversized)
         self.stats.batches += 1
         try:
             await self._journal.set_relay_watermark(plan.last_seq)
@@ -248,6 +292,10 @@ class JournalRelay:
             self._progress.notify_all()
         for _, raw in plan.poison:
             log.error("journal relay: poison record sent to %s: %s", self._topics.dlq, raw[:200])
+        if plan.oversized and self._metrics is not None:
+            self._metrics.dead_letters.labels(PROCESSOR, self._topics.journal).inc(
+                len(plan.oversized)
+            )
         return len(rows)
 
     async def _run(self) -> None:

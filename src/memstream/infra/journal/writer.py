@@ -61,7 +61,7 @@ from memstream.infra.journal.reads import JournalReads
 from memstream.infra.metrics import Metrics
 from memstream.infra.tokenizer import count_message_tokens
 from memstream.schemas.events import Envelope, encode, encode_message_appended, message_tenancy
-from memstream.schemas.limits import MAX_MESSAGES_PER_APPEND
+from memstream.schemas.limits import MAX_BUS_RECORD_BYTES, MAX_MESSAGES_PER_APPEND
 from memstream.schemas.records import ROLES, Message, NewMessage, ThreadRef, message_unchecked
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,39 @@ log = logging.getLogger(__name__)
 TokenCounter = Callable[[NewMessage], int]
 _JOURNAL_EVENTS = frozenset({"thread.created", "thread.configured", "thread.deleted"})
 _ROLES = frozenset(ROLES)
+#: Room left in a journal record for everything but content, reasoning and tool calls
+#: (ids, tenancy, timestamps, the envelope around the message).
+_RECORD_OVERHEAD = 4_096
+#: Below this many characters of content + reasoning a message cannot reach the bus limit
+#: (JSON escapes a character to at most 6 bytes), so its size is not computed.
+_SURELY_FITS_CHARS = (MAX_BUS_RECORD_BYTES - _RECORD_OVERHEAD) // 6
+
+
+def check_fits_the_bus(m: NewMessage, field: str) -> None:
+    """Refuse a message whose journal record would exceed what the bus carries
+    (``InvalidRequest`` naming ``field``), and NUL characters (Postgres and ClickHouse
+    refuse them downstream). Pure."""
+    if "\x00" in m.content:
+        raise InvalidRequest("content must not contain NUL characters", field=field)
+    if m.reasoning is not None and "\x00" in m.reasoning:
+        raise InvalidRequest(
+            "reasoning must not contain NUL characters",
+            field=field.removesuffix("content") + "reasoning",
+        )
+    chars = len(m.content) + len(m.reasoning or "")
+    if chars <= _SURELY_FITS_CHARS and not m.tool_calls:
+        return
+    size = _RECORD_OVERHEAD + len(orjson.dumps(m.content)) + len(orjson.dumps(m.reasoning))
+    for tc in m.tool_calls:
+        size += len(orjson.dumps(tc.arguments)) + len(tc.id) + len(tc.name)
+    if size > MAX_BUS_RECORD_BYTES:
+        raise InvalidRequest(
+            f"this message encodes to about {size} bytes; at most {MAX_BUS_RECORD_BYTES} "
+            "travel on the bus (store large payloads by reference)",
+            field=field,
+        )
+
+
 _WAL_FLUSH = FlushOptions(flush_type=FlushType.WAL)
 
 
@@ -288,6 +321,7 @@ class Journal(JournalReads):
                 )
             if not isinstance(m.content, str):
                 raise InvalidRequest("content must be a string", field=f"messages[{i}].content")
+            check_fits_the_bus(m, f"messages[{i}].content")
             tokens.append(count(m))
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._queue.append(_Request("messages", future, ref, messages, tokens, None, 0, n))
