@@ -24,6 +24,9 @@ journal_group_commit_batch_size                histogram  -
 relay_backlog                                  gauge      relay
 recall_seconds                                 histogram  source (index, fallback)
 context_assembly_seconds                       histogram  -
+http_requests_total                            counter    method, route, status
+http_request_seconds                           histogram  method, route
+process_* (cpu, memory, open fds, start time)  various    -  (prometheus' ProcessCollector)
 =============================================  =========  ===================================
 """
 
@@ -37,6 +40,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -151,6 +155,22 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+        # --- HTTP (agents_ctx.http.observe) ------------------------------------------------------
+        self.http_requests = Counter(
+            "memstream_http_requests",
+            "HTTP requests answered, per route template and status.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.http_latency = Histogram(
+            "memstream_http_request_seconds",
+            "HTTP request latency (to the last byte sent), per route template.",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
 
     def render(self) -> bytes:
         """The registry in Prometheus text format (serve with :data:`CONTENT_TYPE`)."""

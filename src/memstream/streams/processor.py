@@ -48,6 +48,7 @@ from functools import partial
 from typing import Any
 
 from memstream.errors import RetryableInfraError
+from memstream.infra.logs import event_extra
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
@@ -295,6 +296,9 @@ class Dispatcher:
                     attempt,
                     self._retry.attempts,
                     e,
+                    extra=event_extra(
+                        first.topic, first.partition, first.offset, processor=self.processor.name
+                    ),
                 )
                 await asyncio.sleep(self._retry.delay(attempt))
             except asyncio.CancelledError:
@@ -348,6 +352,9 @@ class Dispatcher:
             meta.offset,
             error,
             exc_info=exc,
+            extra=event_extra(
+                meta.topic, meta.partition, meta.offset, processor=self.processor.name
+            ),
         )
         value = encode(env)
         delay = self._retry.first_delay

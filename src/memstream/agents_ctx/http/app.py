@@ -26,6 +26,7 @@ from memstream.agents_ctx.http import (
     threads_routes,
 )
 from memstream.agents_ctx.http.body_limit import BodyLimit
+from memstream.agents_ctx.http.observe import Observe
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.mcp_http import McpEndpoint
 from memstream.agents_ctx.services import Services
@@ -45,6 +46,7 @@ def create_app(services: Services) -> FastAPI:
     contract.install(app)
 
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BYTES)
+    app.add_middleware(Observe, services=services)  # outermost: sees every answer
 
     @app.get(
         "/healthz", **contract.contract(answer=wire.Health, errors=(), other={503: wire.Health})

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from memstream.errors import MemstreamError
 from memstream.infra.cli.state import clear_running, read_state
+from memstream.infra.logs import formatter
 from memstream.infra.settings import Settings
 
 app = typer.Typer(
@@ -103,13 +104,25 @@ class _TransientKafkaNoise(logging.Filter):
         return "GroupCoordinatorNotAvailable" not in record.getMessage()
 
 
-def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+LogFormatOpt = Annotated[
+    str, typer.Option("--log-format", help="text, or json: one object per line (request ids...)")
+]
+AccessLogOpt = Annotated[
+    bool, typer.Option("--access-log/--no-access-log", help="one INFO line per HTTP request")
+]
+
+
+def setup_logging(verbose: bool, log_format: str = "text", access_log: bool = False) -> None:
+    """Root logging: WARNING (INFO with ``-v``), ``text`` or ``json`` lines (``infra.logs``:
+    request ids, topic/partition/offset on event lines); the access log at INFO if asked."""
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("--log-format must be text or json")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter("json" if log_format == "json" else "text"))
         handler.addFilter(_TransientKafkaNoise())
+    if access_log:
+        logging.getLogger("memstream.access").setLevel(logging.INFO)
 
 
 def run(coro: object) -> object:
@@ -145,12 +158,14 @@ def up(
     port: Annotated[int | None, typer.Option(help="HTTP port (default 8080; 0 = any).")] = None,
     host: Annotated[str | None, typer.Option(help="HTTP host.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    log_format: LogFormatOpt = "text",
+    access_log: AccessLogOpt = True,
 ) -> None:
     """Run everything on embedded servers: Postgres, Valkey and a Kafka broker as child
     processes, plus the API, the journal writer, the relays and every processor."""
     from memstream.infra.cli.wiring import Stack
 
-    setup_logging(verbose)
+    setup_logging(verbose, log_format, access_log)
     s = load_settings(data_dir, port=port, host=host)
     stack = Stack(s, embedded=True)
 
@@ -170,11 +185,13 @@ def api(
     port: Annotated[int | None, typer.Option()] = None,
     host: Annotated[str | None, typer.Option()] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    log_format: LogFormatOpt = "text",
+    access_log: AccessLogOpt = True,
 ) -> None:
     """Serve the HTTP API (and the journal writer and relay) against configured servers."""
     from memstream.infra.cli.wiring import Stack
 
-    setup_logging(verbose)
+    setup_logging(verbose, log_format, access_log)
     s = load_settings(data_dir, port=port, host=host)
     stack = Stack(s, embedded=False, api=True, pipeline=True, processors=[])
 
@@ -191,11 +208,12 @@ def worker(
     ] = None,
     data_dir: DataDir = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Run stream processors against configured servers; scale out by partitions."""
     from memstream.infra.cli.wiring import Stack
 
-    setup_logging(verbose)
+    setup_logging(verbose, log_format)
     s = load_settings(data_dir)
     stack = Stack(s, embedded=False, api=False, pipeline=False, processors=processors or None)
 
