@@ -193,3 +193,25 @@ async def test_admin_append_needs_token(api_stack: ApiStack) -> None:
 async def test_healthz(api_stack: ApiStack) -> None:
     r = await api_stack.client.get("/healthz")
     assert r.status_code == 200
+
+
+async def test_hostile_ids_are_refused_with_400_naming_the_field(
+    api_stack: ApiStack,
+) -> None:
+    """Issue 12, defect 5: such ids used to be accepted and break the thread for good."""
+    c, h = api_stack.client, api_stack.headers()
+    for hostile, field in (
+        ("%2E%2E", "thread_id"),
+        ("%2E", "thread_id"),
+        ("%C3%A9" * 65, "thread_id"),
+        ("%F0%9F%98%80" * 33, "thread_id"),
+    ):
+        r = await c.post(
+            f"/v1/agents/bot/threads/{hostile}/messages",
+            json={"role": "user", "content": "hi"},
+            headers=h,
+        )
+        assert r.status_code == 400, (hostile, r.status_code, r.text)
+        assert r.json()["error"]["field"] == field, r.text
+    r = await c.post("/v1/agents/bot/threads", json={"thread_id": ".."}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "thread_id"

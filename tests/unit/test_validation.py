@@ -103,3 +103,35 @@ def test_a_message_too_big_for_the_bus_or_holding_nul_is_refused_naming_the_fiel
         )
     assert e.value.field == "messages[2].reasoning"
     check_fits_the_bus(NewMessage(role="user", content="x" * 900_000), "ok")  # fits
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [".", "..", "\U0001f600" * 33, "é" * 65, "a\\b", "a/b", "a\x00b", "\ud800"],
+    ids=["dot", "dotdot", "33-emoji", "65-e-acute", "backslash", "slash", "nul", "surrogate"],
+)
+def test_hostile_ids_are_refused_at_the_edge_naming_the_field(hostile: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        check_id(hostile, "thread_id")
+    assert e.value.field == "thread_id"
+
+
+def test_ids_up_to_the_byte_limit_are_accepted() -> None:
+    from memstream.agents_ctx.validation import ID_MAX_BYTES
+
+    for ok in ("t-1", "é" * (ID_MAX_BYTES // 2), "\U0001f600" * (ID_MAX_BYTES // 4), "...x"):
+        assert check_id(ok, "thread_id") == ok
+
+
+def test_object_store_keys_never_leave_their_prefix_or_exceed_a_name_limit() -> None:
+    from memstream.infra.summary_store import SEGMENT_MAX_CHARS, key_segment, summary_path
+    from memstream.schemas.records import ThreadRef
+
+    for hostile in (".", "..", "../../etc", "~x", "é" * 64, "\U0001f600" * 32, "a/b"):
+        seg = key_segment(hostile)
+        assert "/" not in seg and not seg.startswith(".") and len(seg) <= SEGMENT_MAX_CHARS
+        path = summary_path(ThreadRef("acct", "agent", hostile))
+        assert path.startswith("accounts/acct/agents/agent/threads/")
+        assert path.count("/") == 6 and "/../" not in path and "/./" not in path
+    assert key_segment("plain-id") == "plain-id"  # existing keys unchanged
+    assert key_segment("é" * 64) == key_segment("é" * 64) != key_segment("é" * 63)

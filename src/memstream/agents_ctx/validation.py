@@ -15,16 +15,33 @@ from memstream.schemas.limits import MAX_MESSAGE_CONTENT_CHARS, MAX_MESSAGES_PER
 from memstream.schemas.records import ROLES, JSONValue, NewMessage, Role, ThreadConfig, ToolCall
 
 ID_MAX_CHARS = 200
+#: Ids are at most this many bytes of UTF-8 (so 32 emoji or 64 ``é`` at most).
+ID_MAX_BYTES = 128
 
 
 def check_id(value: object, field: str) -> str:
-    """Ids (agent, thread, tool call, user): non-empty strings of printable characters, no '/'."""
+    """Ids (account, agent, thread, tool call, user): 1 to :data:`ID_MAX_BYTES` bytes of
+    UTF-8, printable characters only, no ``/`` or ``\\``, and not ``.`` or ``..``. Stores
+    build keys from ids so that none can leave its prefix either
+    (``infra.summary_store.key_segment``)."""
     if not isinstance(value, str) or not value:
         raise InvalidRequest(f"{field} must be a non-empty string", field=field)
     if len(value) > ID_MAX_CHARS:
         raise InvalidRequest(f"{field} must be at most {ID_MAX_CHARS} characters", field=field)
-    if "/" in value or not value.isprintable():
-        raise InvalidRequest(f"{field} must not contain '/' or control characters", field=field)
+    if "/" in value or "\\" in value or not value.isprintable():
+        raise InvalidRequest(
+            f"{field} must not contain '/', '\\' or control characters", field=field
+        )
+    if value in (".", ".."):
+        raise InvalidRequest(f"{field} must not be '.' or '..'", field=field)
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"{field} must be valid Unicode text", field=field) from None
+    if size > ID_MAX_BYTES:
+        raise InvalidRequest(
+            f"{field} must be at most {ID_MAX_BYTES} bytes of UTF-8 (it has {size})", field=field
+        )
     return value
 
 

@@ -26,6 +26,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from typing import Final, cast
@@ -74,12 +75,25 @@ def open_object_store(settings: Settings) -> ObjectStore:
         raise InvalidRequest(f"bad object_store_url: {e}", field="object_store_url") from e
 
 
+#: Longest path segment an id is written as; longer encodings are replaced by their hash.
+SEGMENT_MAX_CHARS = 120
+
+
+def key_segment(value: str) -> str:
+    """One id as an object-store path segment that cannot leave its prefix (pure).
+
+    The id percent-encoded (``/`` included), unless that would be ``.``/``..``-like (starts
+    with ``.``), start with ``~`` (reserved here) or exceed :data:`SEGMENT_MAX_CHARS`: then
+    ``~`` and the SHA-256 of the id (stable, so the same id always finds its summary)."""
+    enc = quote(value, safe="")
+    if enc and not enc.startswith((".", "~")) and len(enc) <= SEGMENT_MAX_CHARS:
+        return enc
+    return "~" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def thread_folder(ref: ThreadRef) -> str:
-    """``accounts/{a}/agents/{g}/threads/{t}`` (ids percent-encoded if they hold ``/``)."""
-
-    def q(s: str) -> str:
-        return quote(s, safe="")
-
+    """``accounts/{a}/agents/{g}/threads/{t}``, each id as a :func:`key_segment`."""
+    q = key_segment
     return f"accounts/{q(ref.account_id)}/agents/{q(ref.agent_id)}/threads/{q(ref.thread_id)}"
 
 
