@@ -20,14 +20,20 @@ Every error we raise on purpose derives from :class:`MemstreamError`::
     │   └── JournalFenced         a newer writer took over; this one is closed  (HTTP 503)
     └── InfraError                an adapter failed talking to a real system
         ├── RetryableInfraError   transient: retry may succeed
+        │   └── StoreUnavailable  a store (Postgres, Valkey, the broker) is down (HTTP 503)
         └── PermanentInfraError   will not succeed by retrying
             └── ServerStartError  an embedded server could not start
 
 The HTTP surface maps each class to its ``code`` (``error_code``) and status; nothing else
-needs to know about HTTP.
+needs to know about HTTP. Every 503 carries ``Retry-After: RETRY_AFTER_S``; a driver's own
+connection error escaping a route (``infra.outage.OUTAGE_ERRORS``) is answered as
+:class:`StoreUnavailable`.
 """
 
 from __future__ import annotations
+
+#: Seconds a client is told to wait (``Retry-After``) before retrying a 503.
+RETRY_AFTER_S = 2
 
 
 class MemstreamError(Exception):
@@ -132,6 +138,10 @@ class InfraError(MemstreamError):
 
 class RetryableInfraError(InfraError):
     pass
+
+
+class StoreUnavailable(RetryableInfraError):
+    code = "store_unavailable"
 
 
 class PermanentInfraError(InfraError):

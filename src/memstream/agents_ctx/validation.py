@@ -9,9 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
+import orjson
+
 from memstream.agents_ctx.message_shapes import parse_tool_call, text_content, tool_call_name_field
 from memstream.errors import InvalidRequest
-from memstream.schemas.limits import MAX_MESSAGE_CONTENT_CHARS, MAX_MESSAGES_PER_APPEND
+from memstream.schemas.limits import (
+    MAX_JSON_DEPTH,
+    MAX_MESSAGE_CONTENT_CHARS,
+    MAX_MESSAGES_PER_APPEND,
+)
 from memstream.schemas.records import ROLES, JSONValue, NewMessage, Role, ThreadConfig, ToolCall
 
 ID_MAX_CHARS = 200
@@ -45,6 +51,40 @@ def check_id(value: object, field: str) -> str:
     return value
 
 
+def check_json(value: object, field: str, depth: int = 0) -> None:
+    """A JSON value nests at most ``MAX_JSON_DEPTH`` deep and holds no NUL character in any
+    string or key (Postgres refuses NUL in text; nothing downstream wants one); else
+    ``InvalidRequest`` naming the field where it happened."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            name = field or "body"
+            raise InvalidRequest(f"{name} must not contain NUL characters", field=name)
+        return
+    if not isinstance(value, dict | list):
+        return
+    if depth >= MAX_JSON_DEPTH:
+        raise InvalidRequest(f"{field} nests deeper than {MAX_JSON_DEPTH} levels", field=field)
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            check_json(v, f"{field}[{i}]", depth + 1)
+        return
+    for k, v in value.items():
+        sub = f"{field}.{k}" if field else str(k)
+        if isinstance(k, str) and "\x00" in k:
+            raise InvalidRequest(f"{field or 'body'} has a key with a NUL character", field=sub)
+        check_json(v, sub, depth + 1)
+
+
+def _check_arguments(arguments: object, field: str) -> None:
+    """Tool-call ``arguments`` sent as JSON text are checked once parsed (depth, NUL)."""
+    if isinstance(arguments, str) and arguments.strip()[:1] in ("{", "["):
+        try:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return  # text that is not JSON is kept as a string (see message_shapes)
+        check_json(parsed, field)
+
+
 def _tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
     """Tool calls in the OpenAI shape (``{"id", "type", "function": {"name", "arguments"}}``)
     or memstream's flat one (``{"id", "name", "arguments"}``): one record either way."""
@@ -60,6 +100,7 @@ def _tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
                 f"{f} must be an object with id and function (name, arguments)", field=f
             )
         id_, name, arguments = parse_tool_call(tc, f)
+        _check_arguments(arguments, tool_call_name_field(tc, f).rsplit(".", 1)[0] + ".arguments")
         out.append(
             ToolCall(
                 id=check_id(id_, f + ".id"),

@@ -79,6 +79,8 @@ TOOL_VIEW_MAX_BYTES: Final = 32_768
 MAX_MESSAGE_CONTENT_CHARS: Final = 1_000_000
 MAX_MESSAGES_PER_APPEND: Final = 1_000
 MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
+MAX_JSON_DEPTH: Final = 32
+"""Deepest nesting of a JSON body or of a tool call's ``arguments`` (objects and arrays)."""
 
 # --- the bus ---------------------------------------------------------------------------------
 MAX_BUS_RECORD_BYTES: Final = 1_000_000

@@ -8,18 +8,22 @@ from collections.abc import Mapping
 import orjson
 from fastapi import Request
 
+from memstream.agents_ctx.validation import check_json
 from memstream.errors import InvalidRequest
 
 
 async def read_json(request: Request) -> object:
-    """The body as JSON (``None`` when empty); invalid JSON names the field ``body``."""
+    """The body as JSON (``None`` when empty); invalid JSON names the field ``body``, a
+    NUL character or nesting past ``MAX_JSON_DEPTH`` names the field it is in."""
     raw = await request.body()
     if not raw:
         return None
     try:
-        return orjson.loads(raw)
+        body: object = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InvalidRequest(f"the body is not valid JSON: {e}", field="body") from None
+    check_json(body, "")  # nesting limit, no NUL anywhere: the error names the field
+    return body
 
 
 async def read_object(request: Request) -> Mapping[str, object]:

@@ -1,7 +1,10 @@
 """Error responses: every failure is ``{"error": {"code", "message", "field"?}}``.
 
 ``MemstreamError`` subclasses carry their own code and status; FastAPI's own validation
-errors are mapped to ``invalid_request`` with the offending field's dotted path.
+errors are mapped to ``invalid_request`` with the offending field's dotted path. A driver's
+connection error (``infra.outage.OUTAGE_ERRORS``: Postgres, Valkey or the broker down) is
+answered as :class:`StoreUnavailable`; every 503 carries ``Retry-After``; anything else
+unexpected is a JSON 500 ``internal`` (logged with its traceback), never text/plain.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memstream.agents_ctx.http.responses import JSONResponse
-from memstream.errors import MemstreamError, NotReady
+from memstream.errors import RETRY_AFTER_S, MemstreamError, NotReady, StoreUnavailable
+from memstream.infra.outage import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +26,10 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
     err: dict[str, object] = {"code": code, "message": message}
     if field is not None:
         err["field"] = field
-    return JSONResponse({"error": err}, status_code=status)
+    resp = JSONResponse({"error": err}, status_code=status)
+    if status == 503:
+        resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return resp
 
 
 def _loc_to_field(loc: tuple[object, ...]) -> str:
@@ -45,6 +52,18 @@ def install(app: FastAPI) -> None:
                 status_code=exc.status,
             )
         return resp
+
+    async def _outage(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("%s %s: a store is unavailable: %r", request.method, request.url.path, exc)
+        return await _memstream(request, StoreUnavailable(f"a store is unavailable: {exc}"))
+
+    for cls in OUTAGE_ERRORS:
+        app.add_exception_handler(cls, _outage)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "internal", "internal error")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
