@@ -24,7 +24,7 @@ from memstream.projections.memory_index.layout import (
     RecallScope,
     identity_from_payload,
 )
-from memstream.projections.memory_index.port import RRF_K, IndexPoint, SparseVec
+from memstream.projections.memory_index.port import IndexPoint, SparseVec
 
 
 def scope_filter(scope: RecallScope) -> models.Filter:
@@ -211,7 +211,7 @@ class QdrantClientIndex:
             resp = await self._client.query_points(
                 name,
                 prefetch=prefetch,
-                query=models.RrfQuery(rrf=models.Rrf(k=RRF_K)),
+                query=models.FusionQuery(fusion=models.Fusion.DBSF),
                 query_filter=flt,
                 limit=limit,
                 with_payload=True,

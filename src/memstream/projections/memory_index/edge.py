@@ -48,7 +48,7 @@ from memstream.projections.memory_index.layout import (
     RecallScope,
     identity_from_payload,
 )
-from memstream.projections.memory_index.port import RRF_K, IndexPoint, SparseVec
+from memstream.projections.memory_index.port import IndexPoint, SparseVec
 
 
 def scope_filter(scope: RecallScope) -> Filter:
@@ -232,7 +232,7 @@ class EdgeIndex:
             QueryRequest(
                 limit=limit,
                 prefetches=prefetches,
-                query=Fusion.Rrf(k=RRF_K),  # type: ignore[arg-type]  # stub lists Fusion, not Rrf
+                query=Fusion.Dbsf(),  # type: ignore[arg-type]  # stub lists Fusion, not Dbsf
                 filter=flt,
                 with_payload=True,
             )

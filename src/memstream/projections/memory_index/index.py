@@ -157,7 +157,8 @@ class MemoryIndex:
         category: str | None,
         now: datetime,
     ) -> list[tuple[tuple[str, str], float]]:
-        """Ranked ``((owner, key), RRF score)`` of entries visible to the caller, best first.
+        """Ranked ``((owner, key), relevance)`` of entries visible to the caller, best first;
+        the relevance is the DBSF-fused score over the dense and sparse lists, in [0, 1].
 
         Implements ``memstream.agents_ctx.memory.ports.MemoryIndexPort``: the account and
         agent are the caller's, so ``(owner, key)`` completes the entry identity.
@@ -173,15 +174,19 @@ class MemoryIndex:
             now_epoch=now.timestamp(),
             category=category,
         )
+        sparse = self._sparse_query(query_text)
         hits = await self.backend.hybrid_query(
             self.collection(account_id),
             dense,
-            self._sparse_query(query_text),
+            sparse,
             scope,
             limit,
             max(self._prefetch, limit),
         )
-        return [((ident.owner, ident.key), score) for ident, score in hits]
+        lists = 2 if sparse.indices else 1
+        return [
+            ((ident.owner, ident.key), min(1.0, max(0.0, score / lists))) for ident, score in hits
+        ]
 
     async def close(self) -> None:
         await self.backend.close()

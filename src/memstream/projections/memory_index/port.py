@@ -14,9 +14,13 @@ from typing import Final, Protocol
 from memstream.projections.memory_index.layout import PointIdentity, RecallScope
 from memstream.schemas.records import JSONObject
 
-RRF_K: Final = 60
-"""Reciprocal-rank-fusion constant (the value from the RRF paper): fused score of a point
-ranked r_d in dense and r_s in sparse is 1/(60+r_d) + 1/(60+r_s)."""
+FUSION: Final = "dbsf"
+"""Dense and sparse results are fused by distribution-based score fusion (Qdrant's DBSF):
+each list's scores are normalised by that list's mean +/- 3 standard deviations and the
+normalised scores are summed. Unlike reciprocal-rank fusion (whose fused scores differ by
+~2 % between neighbouring ranks whatever the scores were), a clearly better match keeps a
+clearly higher score, so the importance boost only decides near-ties. The index divides
+the sum by the number of lists, so recall ranks a relevance in [0, 1]."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,7 +165,18 @@ def _visible_threads_filter(db: str, one_thread: bool) -> str:
         HAVING NOT has(groupArray(user_id), {{user_id:String}}))"""
 
 
-def search_sql(database: str, spec: SearchSpec) -> tuple[str, dict[str, SqlParam]]:
+def collection_stats_sql(database: str) -> str:
+    """One row: how many messages the agent has and their average length in terms (reads
+    only the account/agent columns and the array sizes of ``terms``)."""
+    db = check_database(database)
+    return f"""SELECT count(), avg(length(terms)) FROM {db}.messages
+WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+SETTINGS optimize_functions_to_subcolumns = 1"""
+
+
+def search_sql(
+    database: str, spec: SearchSpec, stats: tuple[float, float] = (0.0, 1.0)
+) -> tuple[str, dict[str, SqlParam]]:
     """The ranked search. Rows: thread_id, message_id, offset, role, content, created_at
     (epoch ms), relevance, then the score parts (bm25, proximity, per-term tf and df, message
     length, average length, messages counted). At most one row per (thread, offset) even
@@ -174,16 +185,14 @@ def search_sql(database: str, spec: SearchSpec) -> tuple[str, dict[str, SqlParam
     Matching is OR: the text index finds every visible message holding any query term.
     Term statistics are exact for the query: a message holding a term is a candidate, so the
     document frequency of each term is counted over the (deduplicated) candidates; the
-    collection size and average length are the agent's (all its messages, private threads
+    collection size and average length are the agent's (``stats``, from
+    :func:`collection_stats_sql`, cached by the store: all its messages, private threads
     included as counts only -- no text of theirs is read or returned).
     """
     db = check_database(database)
     thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
     tenant = "account_id = {account_id:String} AND agent_id = {agent_id:String}"
-    sql = f"""WITH (SELECT tuple(count(), avg(length(terms))) FROM {db}.messages
-      WHERE {tenant}) AS collection,
-     toFloat64(ifNull(collection.1, 0)) AS n_docs,
-     greatest(toFloat64(ifNull(collection.2, 1)), 1.0) AS avg_len
+    sql = f"""WITH {{n_docs:Float64}} AS n_docs, greatest({{avg_len:Float64}}, 1.0) AS avg_len
 SELECT thread_id, message_id, `offset`, role, content, created_ms, relevance,
        bm25, proximity, tf, df, doc_len, avg_len, n_docs
 FROM (
@@ -229,6 +238,8 @@ SETTINGS {SEARCH_SETTINGS}"""
         "agent_id": spec.agent_id,
         "user_id": spec.user_id or "",
         "terms": words,
+        "n_docs": str(stats[0]),
+        "avg_len": str(stats[1]),
         "pair_a": words[:-1],
         "pair_b": words[1:],
         "limit": spec.limit,

@@ -19,9 +19,11 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Final
 
 import pyarrow.compute as pc
 
@@ -42,6 +44,7 @@ from memstream.projections.messages.sql import (
     KIND_PYTHON,
     SearchSpec,
     check_database,
+    collection_stats_sql,
     count_sql,
     ddl,
     erase_thread_sql,
@@ -53,6 +56,10 @@ from memstream.projections.messages.sql import (
 )
 
 log = logging.getLogger(__name__)
+
+STATS_TTL_S: Final = 30.0
+"""How long an agent's BM25 collection statistics are reused."""
+STATS_CACHE_SIZE: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,7 @@ class MessageStore:
         self.database = check_database(database)
         # erased threads are never written again, whatever the source (live or replay)
         self.erased = erased if erased is not None else ErasedThreads()
+        self._stats: dict[tuple[str, str], tuple[float, tuple[float, float]]] = {}
 
     async def ensure_schema(self) -> None:
         """Create the database and tables if missing (idempotent)."""
@@ -146,8 +154,27 @@ class MessageStore:
             await self.engine.insert_arrow(self.database, "messages", batch.messages)
         return batch
 
+    async def collection_stats(self, account_id: str, agent_id: str) -> tuple[float, float]:
+        """(messages, average length in terms) of an agent, for BM25; cached for
+        :data:`STATS_TTL_S` (term statistics move slowly, and reading them costs a scan of the
+        agent's array sizes, which a search must not pay every time)."""
+        now = time.monotonic()
+        hit = self._stats.get((account_id, agent_id))
+        if hit is not None and now - hit[0] < STATS_TTL_S:
+            return hit[1]
+        rows = await self.engine.rows(
+            collection_stats_sql(self.database), {"account_id": account_id, "agent_id": agent_id}
+        )
+        n = float(str(rows[0][0])) if rows else 0.0
+        avg = float(str(rows[0][1])) if rows and n > 0 else 1.0
+        if len(self._stats) > STATS_CACHE_SIZE:
+            self._stats.clear()
+        self._stats[(account_id, agent_id)] = (now, (n, avg))
+        return n, avg
+
     async def search(self, spec: SearchSpec) -> list[SearchHit]:
-        sql, params = search_sql(self.database, spec)
+        stats = await self.collection_stats(spec.account_id, spec.agent_id)
+        sql, params = search_sql(self.database, spec, stats)
         out = []
         for (
             thread_id,
