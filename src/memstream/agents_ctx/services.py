@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from memstream.agents_ctx.access import ThreadAccess
 from memstream.clock import Clock, SystemClock
 from memstream.errors import InfraError
+from memstream.infra.supervisor import LoopStates
 
 if TYPE_CHECKING:
     from memstream.agents_ctx.console.ports import Operations
@@ -38,6 +39,8 @@ class Services:
     clock: Clock = field(default_factory=SystemClock)
     metrics: Metrics | None = None
     health: dict[str, bool] = field(default_factory=dict)
+    #: supervised background loops of this process (``infra.supervisor``; console, ops)
+    loops: LoopStates = field(default_factory=LoopStates)
     message_store: MessageStore | None = None  # transcript search (ClickHouse projection)
     summary_model: SummaryModel | None = None  # utility model for search summaries
     summary_store: SummaryStore | None = None  # thread summaries (object store + Redis cache)

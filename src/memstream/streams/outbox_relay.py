@@ -147,7 +147,7 @@ class OutboxRelay:
                 if n:
                     log.debug("memory relay published %d events", n)
                 backoff = 0.1
-            except (InfraError, OSError, asyncpg.PostgresError) as e:
+            except (InfraError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
                 log.warning("memory relay: %s; retrying in %.1fs", e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)

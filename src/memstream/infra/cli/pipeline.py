@@ -13,9 +13,8 @@ Every start returns its stopper; ``Stack.stop`` runs them in reverse order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from memstream.schemas.topics import Topics
@@ -198,20 +197,10 @@ async def _hygiene_loop(stack: Stack, every_s: float = 86_400.0, first_s: float 
         await asyncio.sleep(every_s)
 
 
-def _background(coro: Coroutine[object, object, None], name: str) -> Stopper:
-    task = asyncio.create_task(coro, name=name)
-
-    async def stop() -> None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-
-    return stop
-
-
 async def start_pipeline(stack: Stack) -> list[Stopper]:
     from memstream.infra.kafka.admin import ensure_topics
     from memstream.infra.kafka.bus import Bus
+    from memstream.infra.supervisor import supervise
     from memstream.streams.journal_relay import JournalRelay
     from memstream.streams.outbox_relay import OutboxRelay
     from memstream.streams.runner import Runner
@@ -235,14 +224,15 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
         stack.journal_relay = relay
 
         outbox = OutboxRelay(stack.pool, bus, topics.memory, metrics=svc.metrics)
-        stoppers.append(_background(outbox.run(), "outbox-relay"))
+        stoppers.append(supervise("outbox-relay", outbox.run, svc.loops))
     svc.health["kafka"] = True
 
     names = ALL_PROCESSORS if stack.processors is None else tuple(stack.processors)
     if names:
-        stoppers.append(_background(_hygiene_loop(stack), "memory-hygiene"))
+        stoppers.append(supervise("memory-hygiene", lambda: _hygiene_loop(stack), svc.loops))
     if "memory-projector" in names and stack.memory_index is not None:
-        stoppers.append(_background(_optimize_loop(stack.memory_index), "index-maintenance"))
+        index = stack.memory_index
+        stoppers.append(supervise("index-maintenance", lambda: _optimize_loop(index), svc.loops))
     if names:
         assert svc.metrics is not None
         runner = Runner(s, processor_factories(stack), svc.metrics, names=list(names))

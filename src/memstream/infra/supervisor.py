@@ -1,0 +1,124 @@
+"""Supervised background loops: a loop that dies is logged, backed off and started again.
+
+Every background loop of a process (the memory outbox relay, hygiene, index maintenance...)
+runs under :func:`supervise`. Before, a loop that met an error it did not expect (a Postgres
+outage surfacing as ``asyncpg.InterfaceError``) ended its task silently and stayed dead
+until the process restarted (issue 12, defect 3). Now:
+
+- the loop is built anew by its factory and awaited; if it returns or raises, the error is
+  logged with its traceback, and it is started again after a backoff (``min_backoff``
+  doubling to ``max_backoff``; reset once a run lasted ``healthy_after_s``);
+- its state is kept in a :class:`LoopStates` registry, one :class:`LoopState` per name.
+
+``LoopStates.snapshot()`` is the stable shape exposed to operators (``/healthz`` and the
+console read it; see ``docs/operations.md``)::
+
+    {"outbox-relay": {"state": "running" | "backoff" | "stopped",
+                      "restarts": 0, "last_error": null | "ConnectionDoesNotExistError: ...",
+                      "since": 1764600000.0}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["LoopState", "LoopStates", "supervise"]
+
+log = logging.getLogger(__name__)
+
+State = Literal["running", "backoff", "stopped"]
+
+
+@dataclass(slots=True)
+class LoopState:
+    """What one supervised loop is doing now."""
+
+    state: State = "running"
+    restarts: int = 0
+    last_error: str | None = None
+    since: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "since": self.since,
+        }
+
+
+class LoopStates:
+    """Registry of the supervised loops of one process (built by the composition root)."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, LoopState] = {}
+
+    def get(self, name: str) -> LoopState:
+        return self._states.setdefault(name, LoopState())
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """``{name: {"state", "restarts", "last_error", "since"}}`` (stable shape)."""
+        return {name: s.to_dict() for name, s in sorted(self._states.items())}
+
+    def all_running(self) -> bool:
+        return all(s.state == "running" for s in self._states.values())
+
+
+async def _run_supervised(
+    name: str,
+    factory: Callable[[], Awaitable[None]],
+    st: LoopState,
+    min_backoff: float,
+    max_backoff: float,
+    healthy_after_s: float,
+) -> None:
+    backoff = min_backoff
+    while True:
+        st.state, st.since = "running", time.time()
+        started = time.monotonic()
+        try:
+            await factory()
+            error = "the loop returned"
+            log.error("background loop %s returned; restarting it in %.1fs", name, backoff)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure: log, back off, start again
+            error = f"{type(e).__name__}: {e}"
+            log.exception("background loop %s failed; restarting it in %.1fs", name, backoff)
+        if time.monotonic() - started >= healthy_after_s:
+            backoff = min_backoff
+        st.state, st.since, st.last_error = "backoff", time.time(), error
+        await asyncio.sleep(backoff)
+        st.restarts += 1
+        backoff = min(max_backoff, backoff * 2)
+        log.info("background loop %s: restart %d", name, st.restarts)
+
+
+def supervise(
+    name: str,
+    factory: Callable[[], Awaitable[None]],
+    states: LoopStates,
+    *,
+    min_backoff: float = 0.5,
+    max_backoff: float = 30.0,
+    healthy_after_s: float = 60.0,
+) -> Callable[[], Awaitable[None]]:
+    """Start ``factory()`` as a supervised task named ``name``; return its async stopper."""
+    st = states.get(name)
+    task = asyncio.create_task(
+        _run_supervised(name, factory, st, min_backoff, max_backoff, healthy_after_s), name=name
+    )
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        st.state, st.since = "stopped", time.time()
+
+    return stop
