@@ -157,3 +157,37 @@ async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) ->
             assert r.status_code == 201 and r.json()["appended"][0]["offset"] == 2
     finally:
         assert stop_up(proc) == []
+
+
+async def test_a_second_up_or_api_on_a_data_dir_in_use_refuses_and_touches_nothing(
+    traversable_tmp: Path,
+) -> None:
+    """Defect 7 of issue 12: the second process used to open the journal (fencing the live
+    writer) before failing on a ClickHouse lock."""
+    data = traversable_tmp / "up-twice"
+    proc, url = start_up(data)
+    try:
+        state = (data / "memstream.json").read_bytes()
+        for command in ("up", "api"):
+            started = time.monotonic()
+            res = subprocess.run(
+                [sys.executable, "-m", "memstream", command, "--data-dir", str(data)],
+                capture_output=True,
+                check=False,
+                text=True,
+                timeout=60,
+                env={**os.environ, "MEMSTREAM_API_KEYS": f"acme:{KEY}"},
+            )
+            out = res.stdout + res.stderr
+            assert res.returncode == 1, out
+            assert "already running" in out and f"pid {proc.pid}" in out and url in out, out
+            assert time.monotonic() - started < 30, "the refusal must come before any start-up"
+            assert (data / "memstream.json").read_bytes() == state
+        h = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=url, headers=h, timeout=30) as c:
+            r = await c.post(
+                "/v1/agents/bot/threads/t9/messages", json={"role": "user", "content": "still here"}
+            )
+            assert r.status_code == 201, r.text  # the live writer is not fenced
+    finally:
+        assert stop_up(proc) == []

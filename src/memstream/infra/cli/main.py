@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from memstream.errors import MemstreamError
-from memstream.infra.cli.state import clear_running, read_state
+from memstream.infra.cli.state import read_state
 from memstream.infra.logs import formatter
 from memstream.infra.settings import Settings
 
@@ -173,10 +173,7 @@ def up(
         st.record_state()
         print(f"memstream ready at {st.api_url}", flush=True)
 
-    try:
-        run(serve_until_signal(stack, ready))
-    finally:
-        clear_running(stack.settings.resolved_data_dir())
+    run(serve_until_signal(stack, ready))  # the stack marks memstream.json not running
 
 
 @app.command()

@@ -33,8 +33,9 @@ from memstream.agents_ctx.http.app import create_app
 from memstream.agents_ctx.services import Services
 from memstream.clock import Clock, SystemClock
 from memstream.infra.accounts import Accounts
+from memstream.infra.cli.dir_lock import DataDirLock
 from memstream.infra.cli.pipeline import build_adapters, start_pipeline
-from memstream.infra.cli.state import read_state, write_state
+from memstream.infra.cli.state import clear_running, read_state, write_state
 from memstream.infra.embedded.base import EmbeddedServer, port_is_free
 from memstream.infra.embedded.kafka import embedded_broker
 from memstream.infra.embedded.postgres import EmbeddedPostgres
@@ -74,6 +75,7 @@ class Stack:
     _stoppers: list[Stopper] = field(default_factory=list)
     _server: uvicorn.Server | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    dir_lock: DataDirLock | None = None
 
     # --- start ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -86,6 +88,11 @@ class Stack:
     async def _start(self) -> None:
         data_dir = self.settings.resolved_data_dir()
         data_dir.mkdir(parents=True, exist_ok=True)
+        if self.embedded or self.pipeline:  # before anything is launched or opened
+            lock = DataDirLock(data_dir)
+            lock.acquire()  # AlreadyRunning: nothing touched
+            self.dir_lock = lock
+            self._stoppers.append(self._release_lock)
         if self.embedded:
             await self._start_embedded(data_dir)
         s = self.settings
@@ -220,6 +227,14 @@ class Stack:
         )
 
     # --- stop -------------------------------------------------------------------------------
+    async def _release_lock(self) -> None:
+        """Last stopper: mark ``memstream.json`` not running while still holding the lock
+        (a refused second process never gets here, so it touches nothing)."""
+        if self.dir_lock is not None:
+            if self.embedded:
+                clear_running(self.settings.resolved_data_dir())
+            self.dir_lock.release()
+
     async def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
