@@ -242,3 +242,43 @@ async def test_relay_order_per_thread_on_tansu(
             await relay.stop()
     seen = check_topic(await read_topic(tansu_bootstrap, unique_topics.journal), appended)
     assert set(seen.values()) == {1}
+
+
+async def test_a_relay_restarted_on_a_fresh_broker_republishes_the_journal(
+    journal: Journal, tmp_path: Path, kafka_broker_kind: str
+) -> None:
+    """Issue 16 item 4: a broker that lost its log (fresh, wiped, Tansu) gets the journal
+    again; the watermark alone would have left it empty forever."""
+    if kafka_broker_kind != "kafka":
+        pytest.skip("needs Apache Kafka to start two brokers")
+    topics = Topics("rebuild.")
+    old = ApacheKafkaServer(tmp_path / "old")
+    await old.start()
+    try:
+        await ensure_topics(old.address, topics, 2, 1)
+        async with Bus(old.address, request_timeout_s=5) as bus:
+            relay = JournalRelay(journal, bus, topics, check_broker_log=True)
+            await relay.start()
+            appended = await append_round(journal, "before", rounds=2)
+            relay.notify()
+            assert await relay.wait_caught_up(30)
+            await relay.stop()
+        assert relay.stats.rebuilt_from is None  # nothing was lost on the first broker
+    finally:
+        await old.stop()
+    fresh = ApacheKafkaServer(tmp_path / "fresh")  # a new, empty log dir
+    await fresh.start()
+    try:
+        await ensure_topics(fresh.address, topics, 2, 1)
+        async with Bus(fresh.address, request_timeout_s=5) as bus:
+            relay = JournalRelay(journal, bus, topics, check_broker_log=True)
+            await relay.start()
+            assert relay.stats.rebuilt_from == 0 and relay.watermark == 0
+            appended += await append_round(journal, "after", rounds=1)
+            relay.notify()
+            assert await relay.wait_caught_up(30)
+            await relay.stop()
+        seen = check_topic(await read_topic(fresh.address, topics.journal), appended)
+        assert set(seen.values()) == {1}, "every record once on the fresh broker"
+    finally:
+        await fresh.stop()

@@ -26,6 +26,15 @@ Guarantees:
   log line, ``stats.quarantined``; the relay moves on, so one record never stops every
   tenant. The API refuses such appends at the edge, so this is a safety net.
 
+A broker that lost its log (issue 16 item 4, "durable without Java"): with
+``check_broker_log=True`` (the CLI wiring sets it), :meth:`JournalRelay.start` compares the
+journal topic with the recorded watermark. If the topic is missing or holds fewer records
+than the watermark says were published (a fresh broker, a wiped log dir, Tansu, which keeps
+nothing across a restart), the relay warns, naming what it cannot restore (dead letters live
+only on the broker), and re-publishes the whole journal from seq 1. The processors are
+idempotent (event ids, natural keys, version claims), so they converge with nothing applied
+twice.
+
 Wake-up: :meth:`JournalRelay.notify` (call it after an append) wakes the relay at once;
 otherwise it polls the journal every ``poll_interval`` seconds.
 ``backlog`` (last seq seen in the journal minus the watermark) is the lag; with ``metrics``
@@ -74,6 +83,7 @@ class RelayStats:
     failures: int = 0  # failed attempts (Kafka or journal)
     dead_lettered: int = 0
     quarantined: int = 0  # oversized records dead-lettered by reference (seq) instead
+    rebuilt_from: int | None = None  # records the broker still had when its log was rebuilt
     last_error: str = ""
 
 
@@ -171,7 +181,9 @@ class JournalRelay:
         max_backoff: float = 5.0,
         clock: Clock | None = None,
         metrics: Metrics | None = None,
+        check_broker_log: bool = False,
     ) -> None:
+        self._check_broker_log = check_broker_log
         self._journal = journal
         self._metrics = metrics
         self._bus = bus
@@ -226,12 +238,40 @@ class JournalRelay:
         if self.running:
             return
         self._watermark = await self._journal.relay_watermark()
+        if self._check_broker_log and self._watermark > 0:
+            kept = await self._broker_records()
+            if kept is not None and kept < self._watermark - self.stats.dead_lettered:
+                log.warning(
+                    "journal relay: the broker holds %d records of %s but %d were published: "
+                    "it lost its log; re-publishing the journal from seq 1 (processors are "
+                    "idempotent). Dead letters and committed consumer offsets lived only on "
+                    "the broker and are not restored",
+                    kept,
+                    self._topics.journal,
+                    self._watermark,
+                )
+                self._watermark = 0
+                self.stats.rebuilt_from = kept
         self._last_seq = max(self._watermark, await self._journal.last_seq())
         log.info(
             "journal relay starting at watermark %d (backlog %d)", self._watermark, self.backlog
         )
         self._stopping = False
         self._task = asyncio.create_task(self._run(), name="journal-relay")
+
+    async def _broker_records(self) -> int | None:
+        """How many records the journal topic holds now (0 if missing); None if unknown."""
+        from memstream.errors import InvalidRequest
+        from memstream.streams.lag import end_offsets
+
+        try:
+            _, highs = await end_offsets(self._bus.bootstrap, [self._topics.journal])
+        except InvalidRequest:
+            return 0  # the topic is gone
+        except InfraError as exc:
+            log.warning("journal relay: cannot check the broker's log (%s)", exc.message)
+            return None
+        return sum(highs.values())
 
     async def stop(self) -> None:
         """Stop relaying (what is not yet published stays in the journal for next time)."""

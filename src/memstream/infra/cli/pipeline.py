@@ -217,7 +217,14 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
     stoppers.append(bus.stop)
 
     if stack.journal is not None:  # the relay lives with the single journal writer
-        relay = JournalRelay(stack.journal, bus, topics, clock=stack.clock, metrics=svc.metrics)
+        relay = JournalRelay(
+            stack.journal,
+            bus,
+            topics,
+            clock=stack.clock,
+            metrics=svc.metrics,
+            check_broker_log=True,
+        )
         stack.journal.on_durable(relay.notify)
         await relay.start()
         stoppers.append(relay.stop)
