@@ -221,8 +221,8 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     r = api.post("/v1/agents/bot/threads/plan/messages", json={"messages": msgs})
     assert r.status_code == 201, r.text
     call = {"id": "call-1", "name": "lookup_runbook", "arguments": {"service": "relay"}}
-    r = api.post(
-        "/v1/agents/bot/threads/plan/messages",
+    r = api.post(  # another thread: the ~2,700-token result would start a second summary
+        "/v1/agents/bot/threads/tools/messages",
         json={
             "messages": [
                 {"role": "assistant", "content": "checking the runbook", "tool_calls": [call]},
@@ -247,13 +247,15 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     assert "version 1" in text(d, "#summary h2")
     assert summary["content"][:40] in text(d, "#summary .summary-text")
     assert "step 59" in text(d, "#window")
-    # the tool call, paged: 4 KB per page, the next page on demand
+    shot(d, "07-thread")
+    # a tool call, paged: 4 KB per page, the next page on demand
+    d.get(url + "/console/threads/acme/bot/tools")
     d.find_element(By.CSS_SELECTOR, ".toolcall button").click()
     wait_until(lambda: "lookup_runbook" in text(d, ".tc"), 30, "the tool call's first page")
     assert "bytes 0–4096 of" in text(d, ".tc")
     d.find_element(By.CSS_SELECTOR, ".tc button").click()
     wait_until(lambda: "bytes 4096–" in text(d, ".tc"), 30, "the tool call's second page")
-    shot(d, "07-thread")
+    shot(d, "07-thread-tool-call")
 
     # --- memory: an entry edited in the console is what recall then returns -----------------
     res = cli("keys", "create", "acme", "--admin", "--data-dir", str(state["data_dir"]))
