@@ -125,7 +125,7 @@ def generate(n_conv: int, turns: int, n_q: int, seed: int = 7) -> tuple[list[lis
                 questions.append(Question(c, kw.format(n=person, v=v1), "keyword", evidence))
             else:
                 questions.append(Question(c, para.format(n=person, v=v1), "paraphrase", evidence))
-            asked += 1
+            asked += 1  # noqa: SIM113  (counts questions asked, not plans seen)
         convs.append(text)
     return convs, questions
 
