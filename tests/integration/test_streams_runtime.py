@@ -182,6 +182,38 @@ async def test_poison_records_go_to_dlq_with_origin_and_processing_continues(
     ) >= 2
 
 
+async def test_retry_for_one_processor_is_applied_by_that_processor_only(
+    pipeline: Pipeline,
+) -> None:
+    crash, nxt = event("crash-only-a", fail="crash"), event("crash-only-a")
+    await produce(
+        pipeline.bootstrap,
+        pipeline.topics.journal,
+        [("crash-only-a", encode(crash)), ("crash-only-a", encode(nxt))],
+    )
+    a, b = pipeline.proc("a"), pipeline.proc("b")
+    await eventually(lambda: nxt.id in a.seen and nxt.id in b.seen)
+    letters: list = []
+    async with asyncio.timeout(20):
+        while len({d.processor for d in letters}) < 2:
+            letters = [
+                d
+                for d in await list_dead_letters(pipeline.bootstrap, pipeline.topics, None)
+                if crash.id in d.payload
+            ]
+    for p in (a, b):
+        p.healed.add(crash.id)
+    report = await retry_dead_letters(pipeline.bootstrap, pipeline.topics, None, processor="a")
+    assert [d.processor for d in report.republished if crash.id in d.payload] == ["a"]
+    await eventually(lambda: crash.id in a.seen)
+    # b consumed the re-published record too (same topic) but skipped it: a marker sent
+    # after it reaches b, the retried record never does
+    after = event("crash-only-a")
+    await produce(pipeline.bootstrap, pipeline.topics.journal, [("crash-only-a", encode(after))])
+    await eventually(lambda: after.id in b.seen)
+    assert crash.id not in b.seen and a.seen.count(crash.id) == 1
+
+
 async def test_handler_crash_goes_to_dlq_and_retry_republishes(pipeline: Pipeline) -> None:
     crash, nxt = event("crash-1", fail="crash"), event("crash-1")
     await produce(

@@ -207,3 +207,35 @@ async def test_a_raw_batch_is_retried_whole_on_transient_errors() -> None:
         p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
     ).dispatch(records)
     assert p.handled == [0, 1, 2] and p.calls == 3 and out.records == []
+
+
+async def test_a_dead_letter_retried_for_one_processor_is_skipped_by_the_others() -> None:
+    """``memstream dlq retry --processor flaky`` re-publishes with the retry-for header:
+    flaky applies it again, batchy (another group, same topic) skips it, and both still
+    handle ordinary records of the same batch."""
+    only_flaky = RawRecord(EventMeta(TOPIC, 1, 5, b"th", None, "flaky"), ev("retried"))
+    plain = rec(6, ev("plain"))
+    for proc, expected in ((Flaky(), ["retried", "plain"]), (Batchy(), ["plain"])):
+        m = make_metrics()
+        await Dispatcher(proc, dlq_topic="p.dlq", publish=Out(), metrics=m, retry=FAST).dispatch(
+            [only_flaky, plain]
+        )
+        assert proc.handled == expected
+        # skipped records count as processed (their offsets are committed with the batch)
+        assert m.sample(
+            "memstream_processor_events_total", {"processor": proc.name, "topic": TOPIC}
+        ) == 2
+
+
+def test_the_retry_for_header_reaches_the_record_meta() -> None:
+    from aiokafka.structs import ConsumerRecord
+
+    from memstream.streams.consumer import raw_record
+    from memstream.streams.processor import RETRY_FOR_HEADER
+
+    r = ConsumerRecord(
+        TOPIC, 0, 3, 1000, 0, b"k", b"v", None, 1, 1, [(RETRY_FOR_HEADER, b"counters")]
+    )
+    assert raw_record(r).meta.retry_for == "counters"
+    plain = ConsumerRecord(TOPIC, 0, 4, 1000, 0, b"k", b"v", None, 1, 1, [])
+    assert raw_record(plain).meta.retry_for is None

@@ -71,6 +71,7 @@ from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
 from memstream.streams.processor import (
+    RETRY_FOR_HEADER,
     Dispatcher,
     EventMeta,
     Processor,
@@ -113,9 +114,18 @@ def raw_record(rec: ConsumerRecord[bytes, bytes]) -> RawRecord:
     """An aiokafka record (no deserializers: bytes or None) as the dispatcher's
     :class:`RawRecord`; the timestamp in epoch seconds."""
     ts = rec.timestamp
+    retry_for = None
+    for name, value in rec.headers or ():
+        if name == RETRY_FOR_HEADER and value:
+            retry_for = value.decode("utf-8", "replace")
     return RawRecord(
         EventMeta(
-            rec.topic, rec.partition, rec.offset, rec.key, ts / 1000.0 if ts is not None else None
+            rec.topic,
+            rec.partition,
+            rec.offset,
+            rec.key,
+            ts / 1000.0 if ts is not None else None,
+            retry_for,
         ),
         rec.value if rec.value is not None else b"",
     )

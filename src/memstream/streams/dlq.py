@@ -11,8 +11,10 @@ Guarantees:
   waits for new records) and returns the most recent ``limit`` dead letters, oldest first.
 - :func:`retry_dead_letters` re-publishes the original payload bytes to the origin topic with
   the original key, waiting for the broker's acknowledgement. A record dead-lettered by
-  several processors (each group sees every record) is re-published **once**; every
-  processor then sees it again, so handlers must be idempotent (they are required to be).
+  several processors (each group sees every record) is re-published **once**. Without
+  ``processor`` every processor then sees it again (handlers are idempotent); with
+  ``processor`` the record carries the ``memstream-retry-for`` header and every other
+  processor skips it, so only the processor that dead-lettered it applies it again.
   Payloads that were not valid UTF-8 were stored lossily and are skipped (reported).
 - The DLQ is an append-only log: a retried dead letter stays listed. Retrying twice
   re-publishes twice.
@@ -31,6 +33,7 @@ from memstream.infra.kafka.failures import KAFKA_FAILURES, translate
 from memstream.schemas.events import DecodeError, decode
 from memstream.schemas.topics import Topics
 from memstream.streams.lag import bootstrap_hosts, end_offsets
+from memstream.streams.processor import RETRY_FOR_HEADER
 
 __all__ = ["DeadLetter", "RetryReport", "list_dead_letters", "retry_dead_letters"]
 
@@ -215,6 +218,7 @@ async def retry_dead_letters(
                 d.origin_topic,
                 value=d.payload.encode("utf-8"),
                 key=d.key.encode("utf-8") if d.key is not None else None,
+                headers=[(RETRY_FOR_HEADER, processor.encode("utf-8"))] if processor else None,
             )
             for d in to_send
         ]

@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from memstream.errors import RetryableInfraError
 from memstream.infra.logs import event_extra
@@ -80,6 +80,13 @@ class EventMeta:
     offset: int
     key: bytes | None
     timestamp: float | None = None
+    retry_for: str | None = None
+    """Set on a dead letter re-published for one processor (``memstream dlq retry
+    --processor``, header :data:`RETRY_FOR_HEADER`): every other processor skips it."""
+
+
+RETRY_FOR_HEADER: Final = "memstream-retry-for"
+"""Kafka header naming the one processor a re-published dead letter is meant for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +207,13 @@ class Dispatcher:
         """Handle ``records`` (one batch, in order). Returns when each is applied or in the DLQ."""
         if not records:
             return
+        mine = [r for r in records if r.meta.retry_for in (None, self.processor.name)]
+        if len(mine) < len(records):
+            # dead letters re-published for another processor: already applied here
+            self._count([r for r in records if r not in mine])
+            records = mine
+            if not records:
+                return
         if self.processor.raw:
             await self._dispatch_raw(records)
             return
