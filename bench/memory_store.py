@@ -3,9 +3,12 @@
 Run: ``python bench/memory_store.py [--n 2000]``. Launches an embedded PostgreSQL, applies the
 migrations, then measures:
 
-- ``memory_store`` ops/s (validation, screening, the agent lock, the capacity count, the
-  upsert and the outbox row, one transaction each) at concurrency 1 and 16, spread over
-  many agents (the lock is per agent) and within one agent (every store serialised);
+- ``memory_store`` ops/s (validation, screening, the read of the key, the write and the
+  outbox row, then the agent's capacity lock and count, one transaction each) at
+  concurrency 1 and 16, spread over many agents (the lock is per agent) and within one agent;
+- "before": the previous store, which took the agent's lock first and held it through the
+  whole transaction (every store of one agent serialised end to end), rebuilt here from the
+  same rules and SQL, in the same run;
 - the raw ceiling: one ``INSERT`` of the same row plus one outbox ``INSERT`` in one
   transaction, no rules, at the same concurrency;
 - ``memory_recall`` (keyword fallback) latency p50/p99 over an agent with 500 entries.
@@ -24,6 +27,14 @@ from pathlib import Path
 
 import asyncpg
 
+from memstream.agents_ctx.memory import policy
+from memstream.agents_ctx.memory.outbox import (
+    ENTRY_COLUMNS,
+    append_events,
+    capacity_usage,
+    entry_of_row,
+    write_entry_if,
+)
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import SystemClock
 from memstream.infra.accounts import Accounts
@@ -83,6 +94,39 @@ async def raw_insert(pool: asyncpg.Pool, agent: str, i: int) -> None:
         )
 
 
+async def store_lock_first(pool: asyncpg.Pool, c: Caller, key: str, text: str) -> None:
+    """The store before issue 15: the agent's lock first, held through every statement."""
+    req = policy.check_store(
+        key=key,
+        content=text,
+        category="observation",
+        scope="shared",
+        importance=None,
+        user_id=c.user_id,
+    )
+    now = SystemClock().now()
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"{c.account_id}/{c.agent_id}"
+        )
+        row = await conn.fetchrow(
+            f"SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE account_id = $1 "
+            "AND agent_id = $2 AND owner = $3 AND key = $4 FOR UPDATE",
+            c.account_id,
+            c.agent_id,
+            req.owner,
+            req.key,
+        )
+        existing = None if row is None else entry_of_row(row)
+        entry = policy.new_entry(req, c.account_id, c.agent_id, now, version=0)
+        usage = await capacity_usage(conn, entry, now, without_itself=True)  # lock re-entered
+        action = policy.decide_store(req, existing, usage, now)
+        assert action == "create"
+        written = await write_entry_if(conn, entry, None)
+        assert written is not None
+        await append_events(conn, "memory.stored", [written], now)
+
+
 async def main(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pg = EmbeddedPostgres(Path(tmp))
@@ -93,7 +137,8 @@ async def main(n: int) -> None:
             accounts = Accounts(pool)
             svc = MemoryService(pool, SystemClock(), binding=accounts)
             await accounts.ensure_account("b")
-            for agent in [f"many{c}-{j}" for c in (1, 16) for j in range(50)] + ["one1", "one16"]:
+            agents = [f"many{c}-{j}" for c in (1, 16) for j in range(50)]
+            for agent in agents + ["one1", "one16", "before1", "before16"]:
                 await accounts.configure_agent("b", agent, memory=True)  # the tools need it
             print(f"memory_store, {n} ops each (observation category, capacity 500 per agent)")
             for conc in (1, 16):
@@ -118,10 +163,19 @@ async def main(n: int) -> None:
                         Caller("b", f"one{c}", None), f"k{i}", content(i), "observation", "shared"
                     ),
                 )
+                before = await run_concurrent(
+                    min(n, 450),
+                    conc,
+                    lambda i, c=conc: store_lock_first(
+                        pool, Caller("b", f"before{c}", None), f"k{i}", content(i)
+                    ),
+                )
                 print(
                     f"  concurrency {conc:>2}: raw insert+outbox {raw:8.0f}/s | "
                     f"store, many agents {many:8.0f}/s ({many / raw:.2f}x raw) | "
-                    f"store, one agent {one:8.0f}/s ({one / raw:.2f}x raw)"
+                    f"store, one agent: before (lock first) {before:8.0f}/s "
+                    f"({before / raw:.2f}x raw), after (lock last) {one:8.0f}/s "
+                    f"({one / raw:.2f}x raw)"
                 )
             unchanged = await run_concurrent(
                 450,

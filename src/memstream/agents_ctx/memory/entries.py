@@ -6,8 +6,9 @@ Guarantees:
 - **Memory binding**: ``PATCH`` and import need the Memory capability bound, like
   ``memory_store`` (``403 memory_not_bound``); browse, get and export do not.
 - **Same rules as the memory tools**: an edit or an imported line is screened, length
-  checked, forced private when sensitive and capacity checked, under the agent's advisory
-  lock (``outbox.lock_agent``), so concurrent stores cannot push a category past its limit.
+  checked, forced private when sensitive and capacity checked, under the agent's capacity
+  lock taken last (``outbox.capacity_usage``), so concurrent stores cannot push a category
+  past its limit.
 - **Atomic, indexed**: every change and its ``memory.*`` outbox event commit together, so
   the memory projector keeps the recall index in step (an edit is ``memory.replaced``; an
   edit that moves an entry to private is ``memory.forgotten`` of the old identity plus
@@ -35,10 +36,10 @@ from memstream.agents_ctx.memory.outbox import (
     ENTRY_COLUMNS,
     NEXT_VERSION,
     append_events,
+    capacity_usage,
     entry_of_row,
-    lock_agent,
     tombstone_of_row,
-    upsert_entry,
+    write_entry_if,
 )
 from memstream.clock import Clock
 from memstream.errors import Conflict, InvalidRequest, MemstreamError, NotFound
@@ -186,7 +187,6 @@ class MemoryEntries:
         patch = editing.parse_patch(body, now)
         current = await self.get(caller, view, key)
         async with self._pool.acquire() as conn, conn.transaction():
-            await lock_agent(conn, caller.account_id, caller.agent_id)
             row = await conn.fetchrow(
                 f"SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE {_LIVE} "
                 "AND owner = $4 AND key = $5 FOR UPDATE",
@@ -202,11 +202,9 @@ class MemoryEntries:
             edit = editing.apply_patch(existing, patch, now)
             if edit.status == "unchanged":
                 return EditResult("unchanged", existing)
-            if edit.needs_capacity:
-                usage = await _usage(conn, edit.entry, now)
-                policy.check_capacity(edit.entry.category, edit.entry.user_id, usage)
+            found: int | None = existing.version
             if edit.moves:
-                await _take_identity(conn, edit.entry, now)
+                found = await _take_identity(conn, edit.entry, now)
                 gone = await conn.fetch(
                     f"DELETE FROM memory_entries WHERE account_id = $1 AND agent_id = $2 "
                     f"AND owner = $3 AND key = $4 "
@@ -219,10 +217,13 @@ class MemoryEntries:
                 await append_events(
                     conn, "memory.forgotten", [tombstone_of_row(r) for r in gone], now
                 )
-            written = await upsert_entry(conn, edit.entry)
+            written = await _write(conn, edit.entry, found)
             await append_events(
                 conn, "memory.stored" if edit.moves else "memory.replaced", [written], now
             )
+            if edit.needs_capacity:  # last: the capacity lock (see outbox.capacity_usage)
+                usage = await capacity_usage(conn, written, now, without_itself=True)
+                policy.check_capacity(written.category, written.user_id, usage)
         return EditResult("replaced", written)
 
     # --- import ---------------------------------------------------------------------------
@@ -256,7 +257,6 @@ class MemoryEntries:
             raise InvalidRequest(f"not valid JSON: {e}", field="line") from None
         line = editing.parse_import_line(obj, caller, now)
         async with conn.transaction():
-            await lock_agent(conn, caller.account_id, caller.agent_id)
             row = await conn.fetchrow(
                 f"SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE account_id = $1 "
                 "AND agent_id = $2 AND owner = $3 AND key = $4 FOR UPDATE",
@@ -270,47 +270,43 @@ class MemoryEntries:
             live = existing is not None and not policy.is_expired(existing, now)
             if existing is not None and live and existing.content_hash == entry.content_hash:
                 return "unchanged"
-            if existing is None or not live or existing.category != entry.category:
-                usage = await _usage(conn, entry, now)
-                policy.check_capacity(entry.category, entry.user_id, usage)
-            written = await upsert_entry(conn, entry)
+            written = await _write(conn, entry, None if existing is None else existing.version)
             await append_events(
                 conn, "memory.replaced" if live else "memory.stored", [written], now
             )
+            if existing is None or not live or existing.category != entry.category:
+                # last: the capacity lock (see outbox.capacity_usage)
+                usage = await capacity_usage(conn, written, now, without_itself=True)
+                policy.check_capacity(entry.category, entry.user_id, usage)
         return "replaced" if live else "created"
 
 
-async def _usage(conn: asyncpg.Connection, entry: MemoryEntry, now: datetime) -> policy.Usage:
-    """Live entries of ``entry``'s category: the agent's and ``entry.user_id``'s."""
-    row = await conn.fetchrow(
-        "SELECT count(*) AS agent_count, count(*) FILTER (WHERE user_id = $4) AS user_count "
-        "FROM memory_entries WHERE account_id = $1 AND agent_id = $2 AND category = $3 "
-        "AND (expires_at IS NULL OR expires_at > $5)",
-        entry.account_id,
-        entry.agent_id,
-        entry.category,
-        entry.user_id,
-        now,
-    )
-    assert row is not None
-    return policy.Usage(agent=int(row["agent_count"]), user=int(row["user_count"]))
+async def _write(conn: asyncpg.Connection, entry: MemoryEntry, found: int | None) -> MemoryEntry:
+    """``outbox.write_entry_if``; ``Conflict`` if another writer created the identity since
+    it was read (nothing is written; the caller may retry)."""
+    written = await write_entry_if(conn, entry, found)
+    if written is None:
+        raise Conflict(f"memory entry {entry.key!r} was written concurrently; retry", field="key")
+    return written
 
 
-async def _take_identity(conn: asyncpg.Connection, entry: MemoryEntry, now: datetime) -> None:
+async def _take_identity(conn: asyncpg.Connection, entry: MemoryEntry, now: datetime) -> int | None:
     """An edit forced private moves the entry to the user's identity: refuse if a live
-    entry is already there (``Conflict``)."""
-    taken = await conn.fetchval(
-        "SELECT 1 FROM memory_entries WHERE account_id = $1 AND agent_id = $2 AND owner = $3 "
-        "AND key = $4 AND (expires_at IS NULL OR expires_at > $5)",
+    entry is already there (``Conflict``). Returns the version of the (expired) row there,
+    locked, or None if there is none."""
+    row = await conn.fetchrow(
+        "SELECT version, (expires_at IS NULL OR expires_at > $5) AS live FROM memory_entries "
+        "WHERE account_id = $1 AND agent_id = $2 AND owner = $3 AND key = $4 FOR UPDATE",
         entry.account_id,
         entry.agent_id,
         entry.owner,
         entry.key,
         now,
     )
-    if taken:
+    if row is not None and row["live"]:
         raise Conflict(
             f"this content must be private to {entry.user_id}, who already has an entry "
             f"under {entry.key!r}",
             field="content",
         )
+    return None if row is None else int(row["version"])

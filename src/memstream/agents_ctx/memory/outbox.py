@@ -13,6 +13,7 @@ from typing import Final, cast
 
 import asyncpg
 
+from memstream.agents_ctx.memory.policy import Usage
 from memstream.clock import epoch_ms
 from memstream.schemas.events import MemoryEventType, encode, memory_event
 from memstream.schemas.records import Category, MemoryEntry, Visibility
@@ -85,32 +86,51 @@ async def append_events(
     return len(envs)
 
 
-async def lock_agent(conn: asyncpg.Connection, account_id: str, agent_id: str) -> None:
-    """Serialise writers of one (account, agent) until the transaction ends, so capacity
-    counts cannot be raced past the limit."""
-    await conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"{account_id}/{agent_id}"
-    )
+async def capacity_usage(
+    conn: asyncpg.Connection, entry: MemoryEntry, now: datetime, *, without_itself: bool
+) -> Usage:
+    """Take the (account, agent) capacity lock, then count the live entries of ``entry``'s
+    category (the agent's, and ``entry.user_id``'s), in one round trip (the SQL function
+    ``memstream_capacity_usage``); with ``without_itself``, a row at ``entry``'s identity
+    (one this transaction has just written) is not counted.
 
-
-async def upsert_entry(conn: asyncpg.Connection, e: MemoryEntry) -> MemoryEntry:
-    """Write ``e`` at its identity, replacing whatever row is there, with a fresh version
-    (``e.version`` is ignored); returns the row as written."""
+    The lock is held until the transaction ends, so counts cannot be raced past a limit:
+    a count sees every entry committed before it. Every memory writer takes this lock as
+    the **last** lock of its transaction, after its own row writes, then commits: the
+    serialised part of a write is only the count and the commit, and a lock holder never
+    waits for a row lock (no deadlock between writers)."""
     row = await conn.fetchrow(
-        f"""
-        INSERT INTO memory_entries ({ENTRY_COLUMNS})
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                {NEXT_VERSION})
-        ON CONFLICT (account_id, agent_id, owner, key) DO UPDATE SET
-            content = EXCLUDED.content, category = EXCLUDED.category,
-            visibility = EXCLUDED.visibility, importance = EXCLUDED.importance,
-            user_id = EXCLUDED.user_id, content_hash = EXCLUDED.content_hash,
-            expires_at = EXCLUDED.expires_at, created_at = EXCLUDED.created_at,
-            updated_at = EXCLUDED.updated_at, recall_count = EXCLUDED.recall_count,
-            last_recalled_at = EXCLUDED.last_recalled_at, last_decayed_at = NULL,
-            version = EXCLUDED.version
-        RETURNING {ENTRY_COLUMNS}
-        """,
+        "SELECT agent_count, user_count FROM memstream_capacity_usage"
+        "($1, $2, $3, $4, $5, $6, $7, $8)",
+        entry.account_id,
+        entry.agent_id,
+        entry.category,
+        entry.user_id,
+        now,
+        without_itself,
+        entry.owner,
+        entry.key,
+    )
+    assert row is not None
+    return Usage(agent=int(row["agent_count"]), user=int(row["user_count"]))
+
+
+_UPSERT: Final = f"""
+INSERT INTO memory_entries ({ENTRY_COLUMNS})
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, {NEXT_VERSION})
+ON CONFLICT (account_id, agent_id, owner, key) DO UPDATE SET
+    content = EXCLUDED.content, category = EXCLUDED.category,
+    visibility = EXCLUDED.visibility, importance = EXCLUDED.importance,
+    user_id = EXCLUDED.user_id, content_hash = EXCLUDED.content_hash,
+    expires_at = EXCLUDED.expires_at, created_at = EXCLUDED.created_at,
+    updated_at = EXCLUDED.updated_at, recall_count = EXCLUDED.recall_count,
+    last_recalled_at = EXCLUDED.last_recalled_at, last_decayed_at = NULL,
+    version = EXCLUDED.version
+"""
+
+
+def _row_args(e: MemoryEntry) -> tuple[object, ...]:
+    return (
         e.account_id,
         e.agent_id,
         e.owner,
@@ -127,5 +147,17 @@ async def upsert_entry(conn: asyncpg.Connection, e: MemoryEntry) -> MemoryEntry:
         e.recall_count,
         e.last_recalled_at,
     )
-    assert row is not None
-    return entry_of_row(row)
+
+
+async def write_entry_if(
+    conn: asyncpg.Connection, e: MemoryEntry, found_version: int | None
+) -> MemoryEntry | None:
+    """Write ``e`` at its identity, with a fresh version, only if the identity is still as
+    read: no row (``found_version`` None) or the row at ``found_version``. Returns the row
+    as written, or None (nothing written) if another transaction got there first."""
+    row = await conn.fetchrow(
+        f"{_UPSERT} WHERE memory_entries.version = $16 RETURNING {ENTRY_COLUMNS}",
+        *_row_args(e),
+        found_version,
+    )
+    return None if row is None else entry_of_row(row)

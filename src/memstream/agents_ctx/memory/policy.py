@@ -227,11 +227,12 @@ class Usage:
 StoreAction = Literal["create", "unchanged", "replace"]
 
 
-def decide_store(
-    req: StoreRequest, existing: MemoryEntry | None, usage: Usage, now: datetime
-) -> StoreAction:
+def plan_store(
+    req: StoreRequest, existing: MemoryEntry | None, now: datetime
+) -> tuple[StoreAction, bool]:
     """What ``memory_store`` does with a checked request, given the entry already at the same
-    identity (``None`` if there is none) and the category's current usage.
+    identity (``None`` if there is none), and whether the write needs room in
+    ``req.category`` (then :func:`check_capacity` must pass before it commits).
 
     An expired entry at the same identity counts as absent (it is logically gone; the write
     reuses its row, with a capacity check as for any new entry). The same content in the
@@ -240,13 +241,22 @@ def decide_store(
     """
     if existing is not None and not is_expired(existing, now):
         if existing.category != req.category:
-            check_capacity(req.category, req.user_id, usage)
-            return "replace"
+            return "replace", True
         if existing.content == req.content:
-            return "unchanged"
-        return "replace"
-    check_capacity(req.category, req.user_id, usage)
-    return "create"
+            return "unchanged", False
+        return "replace", False
+    return "create", True
+
+
+def decide_store(
+    req: StoreRequest, existing: MemoryEntry | None, usage: Usage, now: datetime
+) -> StoreAction:
+    """:func:`plan_store` with the capacity check applied to ``usage``, the category's
+    usage without this entry (:class:`~memstream.errors.CapacityExceeded` if it is full)."""
+    action, needs_room = plan_store(req, existing, now)
+    if needs_room:
+        check_capacity(req.category, req.user_id, usage)
+    return action
 
 
 def check_capacity(category: Category, user_id: str | None, usage: Usage) -> None:

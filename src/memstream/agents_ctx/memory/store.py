@@ -5,8 +5,11 @@ Guarantees:
 
 - **Atomic**: every change to an entry and its ``memory.*`` outbox event are written in one
   transaction; a rejected call writes nothing.
-- **Capacity holds under concurrency**: stores of one (account, agent) are serialised by a
-  transaction-scoped advisory lock around the count-then-write.
+- **Capacity holds under concurrency**: a store that needs room writes its entry and outbox
+  row first, then takes the (account, agent) advisory lock, counts the category (its own
+  row excluded) and commits; the lock covers only the count and the commit, so concurrent
+  stores of one agent overlap in everything else, and every count still sees every
+  committed entry (``outbox.capacity_usage``). Stores of one key are serialised by its row lock.
 - **Isolation**: every statement filters by account and agent; a caller sees the agent's
   shared entries plus its own private ones, nothing else (also in forget and recall).
 - **Recall never trusts the index**: candidates from the index are re-fetched from Postgres
@@ -42,15 +45,15 @@ from memstream.agents_ctx.memory.outbox import (
     NEXT_VERSION,
     OUTBOX_CHANNEL,
     append_events,
+    capacity_usage,
     entry_of_row,
-    lock_agent,
     tombstone_of_row,
-    upsert_entry,
+    write_entry_if,
 )
 from memstream.agents_ctx.memory.ports import IndexHit, MemoryIndexPort
 from memstream.agents_ctx.memory.semantic_screen import SemanticScreen
 from memstream.clock import Clock, epoch_ms
-from memstream.errors import InvalidRequest, PromptInjection
+from memstream.errors import Conflict, InvalidRequest, PromptInjection
 from memstream.infra.accounts import Accounts
 from memstream.schemas.events import encode, memory_event
 from memstream.schemas.limits import PIN_MAX_ENTRIES, PIN_MIN_IMPORTANCE
@@ -66,6 +69,10 @@ INDEX_OVERFETCH: Final = 3
 
 INDEX_TIMEOUT_S: Final = 5.0
 """Default: an index slower than this is treated as down for this call (fallback)."""
+
+_STORE_ATTEMPTS: Final = 8
+"""Reads of an absent key before a store gives up (``Conflict``): each retry means another
+store created the key in between and committed, after which the row lock serialises."""
 
 # Visible, live entries of one agent: $1 account, $2 agent, $3 user (or NULL), $4 now.
 _VISIBLE: Final = (
@@ -206,45 +213,45 @@ class MemoryService:
             )
         now = self._clock.now()
         async with self._pool.acquire() as conn, conn.transaction():
-            await lock_agent(conn, caller.account_id, caller.agent_id)
-            # the entry at this identity (locked) and the category's usage, in one round trip
-            row = await conn.fetchrow(
-                f"""
-                SELECT u.agent_count, u.user_count, e.*
-                FROM (SELECT count(*) AS agent_count,
-                             count(*) FILTER (WHERE user_id = $5) AS user_count
-                      FROM memory_entries
-                      WHERE account_id = $1 AND agent_id = $2 AND category = $6
-                        AND (expires_at IS NULL OR expires_at > $7)) AS u
-                LEFT JOIN LATERAL (
-                    SELECT {ENTRY_COLUMNS} FROM memory_entries
-                    WHERE account_id = $1 AND agent_id = $2 AND owner = $3 AND key = $4
-                    FOR UPDATE) AS e ON true
-                """,
-                caller.account_id,
-                caller.agent_id,
-                req.owner,
-                req.key,
-                caller.user_id,
-                req.category,
-                now,
-            )
-            assert row is not None
-            existing = entry_of_row(row) if row["key"] is not None else None
-            usage = policy.Usage(agent=int(row["agent_count"]), user=int(row["user_count"]))
-            action = policy.decide_store(req, existing, usage, now)
-            if action == "unchanged":
-                assert existing is not None
-                return StoreResult("unchanged", existing)
-            if action == "replace":
-                assert existing is not None
-                entry = policy.replaced_entry(existing, req, now, version=0)
+            for _ in range(_STORE_ATTEMPTS):
+                row = await conn.fetchrow(
+                    f"SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE account_id = $1 "
+                    "AND agent_id = $2 AND owner = $3 AND key = $4 FOR UPDATE",
+                    caller.account_id,
+                    caller.agent_id,
+                    req.owner,
+                    req.key,
+                )
+                existing = None if row is None else entry_of_row(row)
+                action, needs_room = policy.plan_store(req, existing, now)
+                if action == "unchanged":
+                    assert existing is not None
+                    return StoreResult("unchanged", existing)
+                if action == "replace":
+                    assert existing is not None
+                    entry = policy.replaced_entry(existing, req, now, version=0)
+                else:
+                    entry = policy.new_entry(
+                        req, caller.account_id, caller.agent_id, now, version=0
+                    )
+                found = None if existing is None else existing.version
+                written = await write_entry_if(conn, entry, found)
+                if written is not None:
+                    break
+                # another store created this key between the read and the write: read again
             else:
-                entry = policy.new_entry(req, caller.account_id, caller.agent_id, now, version=0)
-            written = await upsert_entry(conn, entry)
+                raise Conflict(
+                    f"memory entry {req.key!r} keeps changing under concurrent writes; retry",
+                    field="key",
+                )
             await append_events(
                 conn, "memory.replaced" if action == "replace" else "memory.stored", [written], now
             )
+            if needs_room:
+                # the serialised part: the count (which sees every committed entry) and the
+                # commit; a refusal rolls the write and its event back
+                usage = await capacity_usage(conn, written, now, without_itself=True)
+                policy.check_capacity(req.category, req.user_id, usage)
         return StoreResult("replaced" if action == "replace" else "created", written)
 
     # --- memory_forget --------------------------------------------------------------------
