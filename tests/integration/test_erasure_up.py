@@ -11,10 +11,15 @@ import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
+from memstream.infra.cli.state import read_state
+from memstream.infra.data_keys import Keyring, is_sealed
+from memstream.schemas.topics import Topics
 from tests.integration.test_cli_up import KEY, cli, start_up, stop_up
+from tests.kafka_helpers import read_topic
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -28,6 +33,26 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str, seconds: f
             return
         await asyncio.sleep(0.25)
     raise AssertionError(f"never: {what}")
+
+
+async def topic_copies(data: Path) -> tuple[list[bytes], list[bytes]]:
+    """Every record of every topic of the running ``up`` read raw from offset 0, and what of
+    them opens with the data keys a fresh process finds (shredded ones left out)."""
+    state = read_state(data)
+    assert state is not None
+    bootstrap, dsn = str(state["kafka_bootstrap"]), str(state["postgres_dsn"])
+    raw = [
+        v
+        for topic in Topics().all()
+        for recs in (await read_topic(bootstrap, topic)).values()
+        for _, v in recs
+    ]
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        opened = [v for v in await Keyring(pool).open_many(raw) if v is not None]
+    finally:
+        await pool.close()
+    return raw, opened
 
 
 async def test_erase_user_then_replays_bring_nothing_back(
@@ -86,6 +111,12 @@ async def test_erase_user_then_replays_bring_nothing_back(
             await eventually(lambda: found(alice, SECRET), "alice's messages searchable")
             await eventually(lambda: found(bob, KEPT), "bob's messages searchable")
             await eventually(lambda: found(bob, "ephemeral-walrus"), "bob's b2 searchable")
+            await eventually(lambda: recalled(alice, SECRET), "alice's entry recalled")
+            # on the brokers, everything of a thread or user is sealed: no plaintext byte
+            raw, opened = await topic_copies(data)
+            assert any(is_sealed(v) for v in raw)
+            assert all(SECRET.encode() not in v and KEPT.encode() not in v for v in raw)
+            assert sum(SECRET.encode() in v for v in opened) >= 3  # 2 messages, 1 entry
 
             # bob erases one of his threads from the CLI; alice may not (not hers)
             res = cli("erase", "thread", "bot", "b2", "--key", KEY, "--user", "alice", "--url", url)
@@ -131,6 +162,9 @@ async def test_erase_user_then_replays_bring_nothing_back(
                 assert not await found(bob, "ephemeral-walrus")  # the erased thread
 
             await nothing_of_alice()
+            raw, opened = await topic_copies(data)  # crypto-shredded: her keys are gone
+            assert all(SECRET.encode() not in v for v in raw + opened)
+            assert sum(KEPT.encode() in v for v in opened) >= 2  # bob's message and entry
             for args in (
                 ("replay", "messages", "--from-journal"),
                 ("replay", "messages"),
@@ -139,5 +173,8 @@ async def test_erase_user_then_replays_bring_nothing_back(
                 res = cli(*args, "--data-dir", str(data))
                 assert res.returncode == 0, f"{args}: {res.stdout}{res.stderr}"
                 await nothing_of_alice()
+            raw, opened = await topic_copies(data)
+            assert all(SECRET.encode() not in v for v in raw + opened)
+            assert any(KEPT.encode() in v for v in opened)
     finally:
         assert stop_up(proc) == []

@@ -10,7 +10,10 @@ An erasure is a row in ``erasures`` (Postgres) that runs to completion in the ba
 2. **Memory entries** (user erasure): the user's entries of every agent of the account are
    deleted in one transaction with ``memory.forgotten`` events whose entry carries no
    content (key and version only, so replaying the ``memory`` topic ends deleted); their
-   Qdrant points and cached embeddings are deleted directly too.
+   Qdrant points and cached embeddings are deleted directly too; the user's earlier
+   content-bearing outbox rows (pending, or kept after publishing) are deleted.
+   **Data keys** (crypto-shredding, ``infra/data_keys.py``): the threads' keys and the
+   user's key are destroyed, so every sealed copy on the Kafka topics is unreadable.
 3. **Journal**: messages, tool calls and sequence-log envelopes (``Journal.erase_threads``).
 4. **Summaries**: every summary object and every Redis key of each thread.
 5. **ClickHouse**: the message rows and owner rows of each thread.
@@ -41,6 +44,7 @@ from memstream.agents_ctx.memory.outbox import (
     tombstone_of_row,
 )
 from memstream.errors import InfraError, NotFound
+from memstream.infra.data_keys import thread_scope, user_scope
 from memstream.schemas.records import JSONObject, MemoryEntry, ThreadRef
 
 if TYPE_CHECKING:
@@ -52,6 +56,8 @@ Kind = Literal["thread", "user"]
 
 STORES = (
     "postgres_entries",
+    "postgres_outbox",
+    "data_keys",
     "qdrant",
     "embedding_cache",
     "journal_messages",
@@ -226,6 +232,7 @@ class Erasures:
         refs = await self._register(e)
         if e.kind == "user" and e.user_id is not None:
             await self._erase_entries(e, e.user_id)
+        await self._shred(e, refs)
         await self._erase_threads(e, refs)
         await self._pool.execute(
             "UPDATE erasures SET status = 'done', finished_at = now() WHERE erasure_id = $1",
@@ -307,6 +314,15 @@ class Erasures:
             last = [tombstone_of_row(r) for r in rows]
             gone = [redacted(t) for t in last]
             await append_events(conn, "memory.forgotten", gone, now)
+            # their earlier events in the outbox (pending, or kept a day after publishing)
+            outbox = await conn.execute(
+                "DELETE FROM memory_outbox WHERE account_id = $1 AND "
+                "convert_from(event, 'UTF8')::jsonb #>> '{data,entry,user_id}' = $2 AND "
+                "coalesce(convert_from(event, 'UTF8')::jsonb #>> '{data,entry,content}', '') "
+                "<> ''",
+                e.account_id,
+                user_id,
+            )
             # the index never re-applies these states (the topic still has them)
             await conn.execute(
                 "INSERT INTO erased_entries (account_id, agent_id, owner, key, version, "
@@ -321,7 +337,10 @@ class Erasures:
                 [t.version for t in gone],
                 e.erasure_id,
             )
-        counts: Counter[str] = Counter(postgres_entries=len(gone))
+        counts: Counter[str] = Counter(
+            postgres_entries=len(gone), postgres_outbox=int(str(outbox).split()[-1])
+        )
+        await self._pool.execute("VACUUM memory_outbox")  # the deleted rows leave the heap
         index = self._svc.memory_index
         if index is not None and last:  # the last states: their texts key the embedding cache
             for t in gone:
@@ -329,6 +348,17 @@ class Erasures:
             points, cached = await index.erase(last)
             counts.update(qdrant=points, embedding_cache=cached)
         await self._count(e.erasure_id, counts)
+
+    async def _shred(self, e: Erasure, refs: list[ThreadRef]) -> None:
+        """Destroy the data keys of the threads (and of the user): every sealed copy on the
+        Kafka topics (journal, summaries, memory, dead letters) becomes unreadable."""
+        keyring = self._svc.keyring
+        if keyring is None:
+            return
+        scopes = [thread_scope(r.account_id, r.agent_id, r.thread_id) for r in refs]
+        if e.kind == "user" and e.user_id is not None:
+            scopes.append(user_scope(e.account_id, e.user_id))
+        await self._count(e.erasure_id, {"data_keys": await keyring.destroy(scopes)})
 
     async def _erase_threads(self, e: Erasure, refs: list[ThreadRef]) -> None:
         if not refs:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from memstream.agents_ctx.erasure import Erasures
     from memstream.agents_ctx.memory.store import MemoryService
     from memstream.infra.accounts import Accounts
+    from memstream.infra.data_keys import Keyring
     from memstream.infra.journal import Journal
     from memstream.infra.llm.ports import SummaryModel
     from memstream.infra.metrics import Metrics
@@ -49,6 +50,7 @@ class Services:
     replays: ReplayHub | None = None  # projection rebuilds (POST /admin/replay/...)
     memory_index: MemoryIndex | None = None  # the recall index, for erasure's direct deletes
     erasures: Erasures | None = None  # erasure of threads and users (POST .../erase)
+    keyring: Keyring | None = None  # data keys sealing the Kafka copies (crypto-shredding)
     operations: Operations | None = None  # the console's view of the pipeline (lag, DLQ)
     _threads: ThreadAccess | None = field(default=None, repr=False)
 

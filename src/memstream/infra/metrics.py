@@ -122,6 +122,12 @@ class Metrics:
             ["processor", "origin_topic"],
             registry=r,
         )
+        self.shredded_records = Counter(
+            "memstream_shredded_records",
+            "Sealed records skipped because an erasure destroyed their data key.",
+            ["processor"],
+            registry=r,
+        )
         # --- journal and relays -----------------------------------------------------------------
         self.journal_append_latency = Histogram(
             "memstream_journal_append_seconds",

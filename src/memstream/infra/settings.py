@@ -50,6 +50,17 @@ class Settings(BaseSettings):
     topic_prefix: str = DEFAULT_PREFIX
     partitions: int = Field(default=4, ge=1)
     replication_factor: int = Field(default=1, ge=1)
+    seal_topics: bool = Field(
+        default=True,
+        description="Encrypt what is published to Kafka with per-thread / per-user data keys "
+        "(crypto-shredding: erasure destroys the key; docs/owning-memory.md).",
+    )
+    data_key_cache_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a process caches a data key: after an erasure, every process "
+        "stops opening the erased records within this time.",
+    )
 
     # --- postgres / redis -------------------------------------------------------------------
     postgres_dsn: SecretStr = Field(default=SecretStr(""), description="empty = embedded")

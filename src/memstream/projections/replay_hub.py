@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from memstream.errors import Conflict, InfraError, InvalidRequest
+from memstream.infra.data_keys import Keyring
 from memstream.projections.replay import (
     Gate,
     Progress,
@@ -40,6 +41,7 @@ class ReplayHub:
     journal: SeqReader | None = None
     gates: dict[str, Gate] = field(default_factory=dict)
     batch_size: int = 2_000
+    keyring: Keyring | None = None  # opens sealed topic records (crypto-shredding)
     _running: set[str] = field(default_factory=set)
 
     def gate(self, projection: str) -> Gate:
@@ -58,7 +60,7 @@ class ReplayHub:
         if not self.bootstrap:
             raise InfraError("no Kafka address configured")
         topic = self.topics.memory if projection == "memory" else self.topics.journal
-        return TopicSource(self.bootstrap, topic)
+        return TopicSource(self.bootstrap, topic, keyring=self.keyring)
 
     async def apply_generations(self) -> dict[str, int]:
         """Point the live stores at the generations recorded in Postgres."""

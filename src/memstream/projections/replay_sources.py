@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from memstream.errors import InvalidRequest, RetryableInfraError
+from memstream.infra.data_keys import Keyring
 from memstream.projections.replay import SourceKind, SourceRecord
 
 __all__ = ["JournalSource", "SeqReader", "TopicSource"]
@@ -33,10 +34,19 @@ class TopicSource:
 
     kind: SourceKind = "topic"
 
-    def __init__(self, bootstrap: str, topic: str, *, timeout: float = 15.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        timeout: float = 15.0,
+        keyring: Keyring | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self._timeout = timeout
+        self._keyring = keyring
+        self.shredded = 0  # sealed records skipped: an erasure destroyed their key
 
     def _consumer(self, **kw: object) -> AIOKafkaConsumer:
         return AIOKafkaConsumer(
@@ -123,12 +133,25 @@ class TopicSource:
                     if await consumer.position(tps[p]) >= todo[p]:
                         del todo[p]
                         consumer.pause(tps[p])
+                if out and self._keyring is not None:
+                    out = await self._open(self._keyring, out)
                 if out:
                     yield out
         except KafkaError as e:
             raise RetryableInfraError(f"kafka: reading {self.topic}: {e}") from e
         finally:
             await consumer.stop()
+
+    async def _open(self, keyring: Keyring, records: list[SourceRecord]) -> list[SourceRecord]:
+        """Sealed records opened; shredded ones (key destroyed by an erasure) left out."""
+        values = await keyring.open_many([r.value for r in records])
+        kept = [
+            SourceRecord(r.partition, r.offset, v)
+            for r, v in zip(records, values, strict=True)
+            if v is not None
+        ]
+        self.shredded += len(records) - len(kept)
+        return kept
 
 
 class SeqReader(Protocol):

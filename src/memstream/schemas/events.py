@@ -22,6 +22,7 @@ filled without the frozen ``__init__``); anything else goes through the checked 
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -354,11 +355,17 @@ def dead_letter(
 ) -> Envelope:
     """Wrap an event a processor could not handle. ``raw`` is kept as text (lossless for JSON;
     undecodable bytes are replaced and flagged). ``truncated``: ``raw`` is only the start of
-    the record (a quarantined oversized one), so it is flagged lossy too (never retried)."""
-    try:
-        payload, lossless = raw.decode("utf-8"), not truncated
-    except UnicodeDecodeError:
-        payload, lossless = raw.decode("utf-8", "replace"), False
+    the record (a quarantined oversized one), so it is flagged lossy too (never retried).
+    A binary record (starting with a NUL byte, which no JSON text does: a sealed record of
+    ``infra/data_keys.py``) is kept as base64 (``"payload_encoding": "base64"``), lossless."""
+    encoding = None
+    if raw[:1] == b"\x00":
+        payload, lossless, encoding = base64.b64encode(raw).decode(), not truncated, "base64"
+    else:
+        try:
+            payload, lossless = raw.decode("utf-8"), not truncated
+        except UnicodeDecodeError:
+            payload, lossless = raw.decode("utf-8", "replace"), False
     return Envelope(
         type="dlq.dead_letter",
         id=f"dlq:{topic}/{partition}/{offset}:{processor}",
@@ -374,6 +381,7 @@ def dead_letter(
             "key": key.decode("utf-8", "replace") if key is not None else None,
             "payload": payload,
             "lossless": lossless,
+            **({"payload_encoding": encoding} if encoding else {}),
         },
     )
 

@@ -67,6 +67,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
+from memstream.infra.data_keys import Keyring
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
@@ -215,6 +216,7 @@ class ProcessorConsumer:
         publish: Publish,
         retry: RetryPolicy | None = None,
         commit_interval_s: float = COMMIT_INTERVAL_S,
+        keyring: Keyring | None = None,
     ) -> None:
         if not bootstrap.strip():
             raise ValueError("kafka_bootstrap is empty: start the embedded broker or set it")
@@ -229,9 +231,15 @@ class ProcessorConsumer:
             topics=topics,
             metrics=metrics,
             publish_raw=publish,
+            keyring=keyring,
         )
         self._dispatcher = Dispatcher(
-            processor, dlq_topic=topics.dlq, publish=publish, metrics=metrics, retry=retry
+            processor,
+            dlq_topic=topics.dlq,
+            publish=publish,
+            metrics=metrics,
+            retry=retry,
+            keyring=keyring,
         )
         session = settings.consumer_session_timeout_s
         self._consumer = AIOKafkaConsumer(

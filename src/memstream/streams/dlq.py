@@ -23,6 +23,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -54,6 +55,13 @@ class DeadLetter:
     lossless: bool
     dlq_partition: int
     dlq_offset: int
+    payload_encoding: str | None = None  # "base64" for a binary (sealed) record
+
+    def payload_bytes(self) -> bytes:
+        """The original record's bytes."""
+        if self.payload_encoding == "base64":
+            return base64.b64decode(self.payload)
+        return self.payload.encode("utf-8")
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -110,6 +118,7 @@ def _parse(record_value: bytes, partition: int, offset: int) -> DeadLetter | Non
         lossless=d.get("lossless") is not False,
         dlq_partition=partition,
         dlq_offset=offset,
+        payload_encoding="base64" if d.get("payload_encoding") == "base64" else None,
     )
 
 
@@ -216,7 +225,7 @@ async def retry_dead_letters(
         futures = [
             await producer.send(
                 d.origin_topic,
-                value=d.payload.encode("utf-8"),
+                value=d.payload_bytes(),
                 key=d.key.encode("utf-8") if d.key is not None else None,
                 headers=[(RETRY_FOR_HEADER, processor.encode("utf-8"))] if processor else None,
             )

@@ -10,7 +10,13 @@ Guarantees:
 * **At-least-once, nothing lost.** A seq is recorded as published only after Kafka
   acknowledged it. After a crash, a broker outage or a failed watermark write, the relay
   starts again from the recorded watermark, so records may be published again. A re-published
-  record is byte-identical (same deterministic event id): consumers dedupe by id.
+  record carries the same envelope (same deterministic event id): consumers dedupe by id.
+  Without a keyring it is byte-identical; sealed, its nonce differs.
+* **Sealed** (with ``keyring``, as ``memstream up`` wires it): each envelope of a thread is
+  encrypted with the thread's data key (:mod:`memstream.infra.data_keys`), so erasing the
+  thread (destroying the key) shreds every copy on the brokers. A thread whose key is
+  refused (erased) is published as the content-free placeholder the journal's erasure
+  writes; quarantine letters then keep no head bytes.
   ``stats.republished`` counts the records that may have been published twice.
 * **Never reordered within a thread.** Records are read in global-sequence order, a thread
   always maps to one partition, and :meth:`Bus.publish_many` never lets a later record of a
@@ -53,13 +59,15 @@ from typing import Protocol
 
 from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InfraError, JournalError, JournalFenced
+from memstream.infra.data_keys import OVERHEAD_BYTES, Keyring, thread_scope
+from memstream.infra.journal.erase import placeholder
 from memstream.infra.kafka.bus import Bus
 from memstream.infra.metrics import Metrics
 from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
 from memstream.schemas.limits import MAX_BUS_RECORD_BYTES
 from memstream.schemas.topics import Topics
 
-__all__ = ["JournalRelay", "RelaySource", "RelayStats", "plan_batch"]
+__all__ = ["JournalRelay", "RelaySource", "RelayStats", "plan_batch", "seal_records"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +103,8 @@ class Planned:
     poison: list[tuple[str, bytes]]
     last_seq: int
     oversized: tuple[int, ...] = ()  # seqs quarantined (their letters are in ``poison``)
+    #: per record, the envelope it carries (what sealing needs: its thread and header)
+    envelopes: tuple[Envelope, ...] = ()
 
 
 def thread_key(env: Envelope) -> str:
@@ -113,13 +123,17 @@ def plan_batch(
     journal_topic: str,
     ts: int,
     max_record_bytes: int = MAX_BUS_RECORD_BYTES,
+    *,
+    keep_head: bool = True,
 ) -> Planned:
     """Pure rule: turn sequenced journal rows into keyed records (and dead letters).
 
     The value published is the journal's bytes unchanged, so a re-publication is identical.
     A row that does not decode, or whose record would exceed ``max_record_bytes``, becomes a
-    dead letter instead (an oversized one keeps only its first bytes: see module doc).
+    dead letter instead (an oversized one keeps only its first bytes: see module doc; none
+    with ``keep_head=False``, which sealing sets: a letter must carry no thread content).
     """
+    envelopes: list[Envelope] = []
     records: list[tuple[str, bytes]] = []
     poison: list[tuple[str, bytes]] = []
     oversized: list[int] = []
@@ -142,12 +156,13 @@ def plan_batch(
         key = thread_key(env)
         size = len(raw) + len(key.encode())
         if size > max_record_bytes:
+            head = QUARANTINE_HEAD_BYTES if keep_head else 0
             letter = dead_letter(
-                raw=raw[:QUARANTINE_HEAD_BYTES],
+                raw=raw[:head],
                 error=(
                     f"quarantined: journal seq {seq} encodes to {size} bytes, over the bus "
                     f"limit of {max_record_bytes}; the record stays in the journal (first "
-                    f"{QUARANTINE_HEAD_BYTES} bytes here)"
+                    f"{head} bytes here)"
                 ),
                 processor=PROCESSOR,
                 topic=journal_topic,
@@ -163,7 +178,32 @@ def plan_batch(
             oversized.append(seq)
             continue
         records.append((key, raw))
-    return Planned(records, poison, rows[-1][0] if rows else 0, tuple(oversized))
+        envelopes.append(env)
+    return Planned(records, poison, rows[-1][0] if rows else 0, tuple(oversized), tuple(envelopes))
+
+
+async def seal_records(keyring: Keyring, plan: Planned) -> list[tuple[str, bytes]]:
+    """``plan``'s records sealed with their threads' keys (agent-level events as they are).
+    A thread whose key is refused is erased: its envelope goes out as the content-free
+    placeholder the journal's erasure writes (so seqs and counts stay whole)."""
+    scopes = [
+        None if e.thread_id is None else thread_scope(e.account_id, e.agent_id, e.thread_id)
+        for e in plan.envelopes
+    ]
+    sealed = await keyring.seal_many(
+        [(s, raw) for s, (_, raw) in zip(scopes, plan.records, strict=True)]
+    )
+    out: list[tuple[str, bytes]] = []
+    for (key, _), env, value in zip(plan.records, plan.envelopes, sealed, strict=True):
+        out.append((key, erased_placeholder(env) if value is None else value))
+    return out
+
+
+def erased_placeholder(env: Envelope) -> bytes:
+    """What is published for an envelope of an erased thread (no content)."""
+    if env.type == "thread.deleted" and env.data.get("erased") is True:
+        return encode(env)
+    return placeholder(env.account_id, env.agent_id, env.thread_id or "", env.id, env.ts)
 
 
 class JournalRelay:
@@ -182,8 +222,10 @@ class JournalRelay:
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         check_broker_log: bool = False,
+        keyring: Keyring | None = None,
     ) -> None:
         self._check_broker_log = check_broker_log
+        self._keyring = keyring
         self._journal = journal
         self._metrics = metrics
         self._bus = bus
@@ -302,15 +344,24 @@ class JournalRelay:
         rows = await self._journal.read_seq(self._watermark, self._batch_size)
         if not rows:
             return 0
-        plan = plan_batch(rows, self._topics.journal, epoch_ms(self._clock.now()))
+        plan = plan_batch(
+            rows,
+            self._topics.journal,
+            epoch_ms(self._clock.now()),
+            MAX_BUS_RECORD_BYTES - (0 if self._keyring is None else OVERHEAD_BYTES),
+            keep_head=self._keyring is None,
+        )
         self._last_seq = max(self._last_seq, plan.last_seq)
+        records = plan.records
+        if self._keyring is not None:  # Postgres away: InfraError, retried like Kafka
+            records = await seal_records(self._keyring, plan)
         if not self._bus.started:
             await self._bus.start()
         self._publish_started = time.monotonic()
         try:
             if plan.poison:
                 await self._bus.publish_many(self._topics.dlq, plan.poison)
-            await self._bus.publish_many(self._topics.journal, plan.records)
+            await self._bus.publish_many(self._topics.journal, records)
         except BaseException:
             self._failed_upto = max(self._failed_upto, plan.last_seq)
             raise

@@ -11,6 +11,11 @@ Guarantees:
   (``schemas.topics.memory_key``); the bus keeps per-key order. Changes to one entry are
   serialised by its row lock, so their outbox ids — and so their order on the topic —
   follow the order of the changes.
+- **Sealed** (with ``keyring``, as ``memstream up`` wires it): an event whose entry has a
+  user and content is encrypted with that user's data key (``infra/data_keys.py``), so a
+  user erasure, which destroys the key, shreds its copies on the topic. While a user's
+  erasure runs their key is refused: the relay stops before their first content row until
+  the erasure has deleted those rows (it deletes the user's content rows, published or not).
 - **One active relay**: a session advisory lock makes every other relay process a standby
   that takes over when the active one's connection goes away.
 
@@ -28,9 +33,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Protocol
 
 import asyncpg
+import orjson
 
 from memstream.agents_ctx.memory.outbox import OUTBOX_CHANNEL
 from memstream.errors import InfraError
+from memstream.infra.data_keys import Keyring, memory_scope
 from memstream.schemas.topics import memory_key
 
 if TYPE_CHECKING:
@@ -62,8 +69,10 @@ class OutboxRelay:
         max_backoff_s: float = 5.0,
         retention: timedelta = timedelta(days=1),
         metrics: Metrics | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self._pool = pool
+        self._keyring = keyring
         self._bus = bus
         self._topic = topic
         self._batch = batch
@@ -85,7 +94,21 @@ class OutboxRelay:
         )
         if not rows:
             return 0
-        records = [(memory_key(r["account_id"], r["agent_id"]), bytes(r["event"])) for r in rows]
+        values = [bytes(r["event"]) for r in rows]
+        if self._keyring is not None:
+            sealed = await self._keyring.seal_many(
+                [(memory_scope(orjson.loads(v)), v) for v in values]
+            )
+            # a user being erased has no key until the erasure deleted their rows: publish
+            # the rows before the first such one, and the rest on a later pass (keeps order)
+            cut = next((i for i, v in enumerate(sealed) if v is None), len(sealed))
+            rows, values = rows[:cut], [v for v in sealed[:cut] if v is not None]
+            if not rows:
+                return 0
+        records = [
+            (memory_key(r["account_id"], r["agent_id"]), v)
+            for r, v in zip(rows, values, strict=True)
+        ]
         await self._bus.publish_many(self._topic, records)
         await self._pool.execute(
             "UPDATE memory_outbox SET published_at = now() WHERE id = ANY($1::bigint[])",

@@ -12,6 +12,10 @@ error.
 
 :class:`Dispatcher` owns the rules around the handler (Kafka-free, so it is testable alone):
 
+- sealed records (crypto-shredding, :mod:`memstream.infra.data_keys`) are opened first; a
+  record whose key an erasure destroyed is *shredded*: counted
+  (``memstream_shredded_records_total``) and skipped, never dead-lettered; dead letters
+  carry the sealed bytes;
 - raw bytes are decoded with :func:`memstream.schemas.events.decode`; a ``DecodeError``
   sends the record to the dead-letter topic at once (retrying cannot fix bad bytes);
 - a :class:`~memstream.errors.RetryableInfraError` from the handler is retried with
@@ -48,6 +52,7 @@ from functools import partial
 from typing import Any, Final
 
 from memstream.errors import RetryableInfraError
+from memstream.infra.data_keys import Keyring, thread_scope
 from memstream.infra.logs import event_extra
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
@@ -128,10 +133,24 @@ class ProcessorContext:
     topics: Topics
     metrics: Metrics
     publish_raw: Publish
+    #: seals what is published about a thread (crypto-shredding; None: published as is)
+    keyring: Keyring | None = None
 
     async def publish(self, topic: str, envelope: Envelope, key: str | None) -> None:
-        """Publish ``envelope`` to the full topic name ``topic``; durable on return."""
-        await self.publish_raw(topic, key.encode() if key is not None else None, encode(envelope))
+        """Publish ``envelope`` to the full topic name ``topic``; durable on return. With a
+        keyring, an envelope of a thread is sealed with the thread's key, and nothing is
+        published for an erased thread (its key is refused)."""
+        value = encode(envelope)
+        if self.keyring is not None and envelope.thread_id is not None:
+            scope = thread_scope(envelope.account_id, envelope.agent_id, envelope.thread_id)
+            sealed = (await self.keyring.seal_many([(scope, value)]))[0]
+            if sealed is None:
+                log.info(
+                    "%s: thread %s is erased; not publishing %s", self.name, key, envelope.type
+                )
+                return
+            value = sealed
+        await self.publish_raw(topic, key.encode() if key is not None else None, value)
 
 
 class Processor(abc.ABC):
@@ -189,8 +208,11 @@ class Dispatcher:
         metrics: Metrics,
         retry: RetryPolicy | None = None,
         now_ms: Callable[[], int] | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.processor = processor
+        self._keyring = keyring
+        self._sealed: dict[EventMeta, bytes] = {}  # this batch's sealed originals (for the DLQ)
         self.dlq_topic = dlq_topic
         self._publish = publish
         self._metrics = metrics
@@ -201,6 +223,7 @@ class Dispatcher:
         self._errors_decode = metrics.processor_errors.labels(name, "decode")
         self._errors_handler = metrics.processor_errors.labels(name, "handler")
         self._errors_retry = metrics.processor_errors.labels(name, "retry")
+        self._shredded = metrics.shredded_records.labels(name)
         self._processed: dict[str, Any] = {}  # topic -> counter child (labels() is slow)
 
     async def dispatch(self, records: Sequence[RawRecord]) -> None:
@@ -215,6 +238,10 @@ class Dispatcher:
             # dead letters re-published for another processor: already applied here
             self._count(others)
             records = mine
+            if not records:
+                return
+        if self._keyring is not None:
+            records = await self._open(self._keyring, records)
             if not records:
                 return
         if self.processor.raw:
@@ -245,6 +272,42 @@ class Dispatcher:
                 await self._fail(good[0], error, records)
         self._latency.observe(time.perf_counter() - started)
         self._count(records)
+
+    async def _open(self, keyring: Keyring, records: Sequence[RawRecord]) -> list[RawRecord]:
+        """Open sealed records (crypto-shredding). A shredded one (its key was destroyed by
+        an erasure) is counted and skipped, never dead-lettered; the others go on in
+        plaintext, their sealed bytes kept for a dead letter (which must not hold content).
+        Postgres away: retried like a handler's ``RetryableInfraError``, then raised (the
+        consumer rewinds the batch)."""
+        self._sealed.clear()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                values = await keyring.open_many([r.value for r in records])
+                break
+            except RetryableInfraError as e:
+                self._errors_retry.inc()
+                if attempt >= self._retry.attempts:
+                    raise
+                log.warning(
+                    "%s: opening sealed records failed (%s); retrying", self.processor.name, e
+                )
+                await asyncio.sleep(self._retry.delay(attempt))
+        out: list[RawRecord] = []
+        gone: list[RawRecord] = []
+        for rec, value in zip(records, values, strict=True):
+            if value is None:
+                gone.append(rec)
+            elif value is rec.value:
+                out.append(rec)
+            else:
+                self._sealed[rec.meta] = rec.value
+                out.append(RawRecord(rec.meta, value))
+        if gone:
+            self._shredded.inc(len(gone))
+            self._count(gone)
+        return out
 
     async def _dispatch_raw(self, records: Sequence[RawRecord]) -> None:
         """The same rules for a ``raw`` processor: its handler decodes."""
@@ -350,7 +413,7 @@ class Dispatcher:
         exc: BaseException | None = None,
     ) -> None:
         env = dead_letter(
-            raw=raw,
+            raw=self._sealed.get(meta, raw),
             error=error,
             processor=self.processor.name,
             topic=meta.topic,

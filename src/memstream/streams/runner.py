@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from memstream.errors import InvalidRequest, RetryableInfraError
+from memstream.infra.data_keys import Keyring
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
@@ -95,6 +96,7 @@ class Runner:
         bootstrap: str | None = None,
         retry: RetryPolicy | None = None,
         lag_interval_s: float | None = 5.0,
+        keyring: Keyring | None = None,
     ) -> None:
         """``names`` selects processors (default: all, in ``factories`` order); an unknown
         name raises ``InvalidRequest(field="processors")``."""
@@ -113,6 +115,7 @@ class Runner:
         self._names = chosen
         self._bootstrap = bootstrap or settings.kafka_bootstrap
         self._retry = retry
+        self._keyring = keyring
         self._lag_interval = lag_interval_s
         self._hosted: list[HostedProcessor] = []
         self._stop = asyncio.Event()
@@ -151,6 +154,7 @@ class Runner:
                     bootstrap=self._bootstrap,
                     publish=self._publish,
                     retry=self._retry,
+                    keyring=self._keyring,
                 )
                 await processor.start(consumer.ctx)
                 self._hosted.append(HostedProcessor(name, processor, consumer))

@@ -242,13 +242,16 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
             clock=stack.clock,
             metrics=svc.metrics,
             check_broker_log=True,
+            keyring=svc.keyring,
         )
         stack.journal.on_durable(relay.notify)
         await relay.start()
         stoppers.append(relay.stop)
         stack.journal_relay = relay
 
-        outbox = OutboxRelay(stack.pool, bus, topics.memory, metrics=svc.metrics)
+        outbox = OutboxRelay(
+            stack.pool, bus, topics.memory, metrics=svc.metrics, keyring=svc.keyring
+        )
         stoppers.append(supervise("outbox-relay", outbox.run, svc.loops))
     svc.health["kafka"] = True
 
@@ -262,7 +265,9 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
         stoppers.append(_message_vectors(stack, svc.message_store))
     if names:
         assert svc.metrics is not None
-        runner = Runner(s, processor_factories(stack), svc.metrics, names=list(names))
+        runner = Runner(
+            s, processor_factories(stack), svc.metrics, names=list(names), keyring=svc.keyring
+        )
         await runner.start()
         stoppers.append(runner.stop)
         stack.runner = runner

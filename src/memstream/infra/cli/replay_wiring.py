@@ -54,6 +54,7 @@ async def attach_replay(stack: Stack) -> Stopper:
         bootstrap=s.kafka_bootstrap,
         topics=Topics(s.topic_prefix),
         journal=stack.journal or stack.journal_reader,
+        keyring=svc.keyring,
     )
     await hub.apply_generations()
     svc.replays = hub

@@ -118,6 +118,10 @@ class Stack:
             clock=self.clock,
             metrics=metrics,
         )
+        if s.seal_topics:  # crypto-shredding of the Kafka copies (infra/data_keys.py)
+            from memstream.infra.data_keys import Keyring
+
+            self.services.keyring = Keyring(self.pool, cache_s=s.data_key_cache_s)
         self.services.health.update({"postgres": True, "redis": True})
         if self.journal is not None:
             self.services.health["journal"] = True
