@@ -5,9 +5,11 @@ Run: ``python bench/replay.py [--messages 50000] [--entries 2000] [--broker auto
 Starts an embedded Kafka broker (Apache Kafka when java+mvn exist, else Tansu) and an
 embedded Postgres (replay checkpoints), fills a ``journal`` and a ``memory`` topic, then:
 
-1. ``messages``: :func:`run_replay` of the journal topic into a fresh chdb database (decode,
-   dedupe, row mapping, Arrow insert of ``messages`` + ``thread_users``, checkpoints), vs the
-   raw ceiling: the same rows, already mapped, inserted as Arrow in batches of the same size.
+1. ``messages``: :func:`run_replay` of the journal topic into a fresh chdb database, twice:
+   *before*, the Python path (decode, dedupe, row mapping, Arrow insert) in batches of 2,000;
+   *after*, the bulk path the live projector uses (ClickHouse parses the raw records; dedupe
+   on event id; Arrow inserts) in the sink's own batch size. The raw ceiling: the same rows,
+   already mapped, inserted as Arrow in batches of the same size as each replay.
 2. ``memory``: :func:`run_replay` of the memory topic into fresh qdrant-edge collections with
    a warm embedding cache (the live projector embedded every entry once), vs the raw ceiling:
    the same points, vectors in hand, upserted straight into the shard.
@@ -36,7 +38,7 @@ from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.projections.memory_index.layout import payload_of
 from memstream.projections.memory_index.port import IndexPoint
 from memstream.projections.memory_index.rules import Upsert, op_for_event
-from memstream.projections.messages import ChdbEngine, MessageStore, row_of_envelope
+from memstream.projections.messages import ChdbEngine, MessageRow, MessageStore, row_of_envelope
 from memstream.projections.messages.rows import messages_table, thread_users_table
 from memstream.projections.replay import Progress, ReplayStateStore, run_replay
 from memstream.projections.replay_sinks import MemorySink, MessagesSink
@@ -113,9 +115,34 @@ async def produce(bootstrap: str, topic: str, evs: list[Envelope], key_of: objec
         await producer.stop()
 
 
-async def replay_rate(sink: object, source: TopicSource, state: ReplayStateStore) -> Progress:
+class PythonPathSink:
+    """A messages sink without the bulk path (what ``replay messages`` did before)."""
+
+    def __init__(self, inner: MessagesSink) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.restore, self.bookkeeping = inner.restore, inner.bookkeeping
+        self.prepare, self.apply = inner.prepare, inner.apply
+        self.switch, self.drop = inner.switch, inner.drop
+
+
+async def raw_insert(engine: ChdbEngine, rows: list[MessageRow], batch: int) -> float:
+    """Rows/s of the raw engine: the rows, already mapped, as Arrow inserts of ``batch``."""
+    db = f"bench_raw{batch}"
+    await MessageStore(engine, db).ensure_schema()
+    t = time.perf_counter()
+    for i in range(0, len(rows), batch):
+        part = rows[i : i + batch]
+        await engine.insert_arrow(db, "thread_users", thread_users_table(part))
+        await engine.insert_arrow(db, "messages", messages_table(part))
+    return len(rows) / (time.perf_counter() - t)
+
+
+async def replay_rate(
+    sink: object, source: TopicSource, state: ReplayStateStore, batch: int = BATCH
+) -> Progress:
     report = None
-    async for p in run_replay(sink, source, state, batch_size=BATCH):  # type: ignore[arg-type]
+    async for p in run_replay(sink, source, state, batch_size=batch):  # type: ignore[arg-type]
         report = p
     assert report is not None and report.type == "report"
     return report
@@ -154,25 +181,36 @@ async def main() -> None:
             engine = ChdbEngine(data / "chdb")
             live = MessageStore(engine, "bench")
             await live.ensure_schema()
+            after_batch = MessagesSink.preferred_batch
+            # before: the replay as it was (Python decode + row mapping, batches of BATCH);
+            # after: the bulk path (ClickHouse parses the records) in the sink's own batches
+            before = await replay_rate(
+                PythonPathSink(MessagesSink(live, "bench")),
+                TopicSource(broker.address, topics.journal),
+                state,
+                BATCH,
+            )
             rep = await replay_rate(
-                MessagesSink(live, "bench"), TopicSource(broker.address, topics.journal), state
+                MessagesSink(live, "bench"),
+                TopicSource(broker.address, topics.journal),
+                state,
+                after_batch,
             )
             rows = [r for r in (row_of_envelope(e) for e in msgs) if r is not None]
-            raw_store = MessageStore(engine, "bench_raw")
-            await raw_store.ensure_schema()
-            t = time.perf_counter()
-            for i in range(0, len(rows), BATCH):
-                part = rows[i : i + BATCH]
-                await engine.insert_arrow("bench_raw", "thread_users", thread_users_table(part))
-                await engine.insert_arrow("bench_raw", "messages", messages_table(part))
-            raw = len(rows) / (time.perf_counter() - t)
+            raw = {b: await raw_insert(engine, rows, b) for b in (BATCH, after_batch)}
             print(
-                f"messages: replay {rep.rate:9.0f} events/s ({rep.events_read} events, "
-                f"{rep.rows_written} rows, {rep.elapsed_s:.2f} s)"
+                f"messages: replay before {before.rate:9.0f} events/s ({before.elapsed_s:.2f} s, "
+                f"Python decode, batch {BATCH})   / raw at batch {BATCH} "
+                f"{raw[BATCH]:9.0f} rows/s = {before.rate / raw[BATCH]:.2f}"
             )
             print(
-                f"          raw chdb Arrow insert {raw:9.0f} rows/s   replay / raw = "
-                f"{rep.rate / raw:.2f}"
+                f"          replay after  {rep.rate:9.0f} events/s ({rep.elapsed_s:.2f} s, "
+                f"bulk parse, batch {after_batch})   / raw at batch {after_batch} "
+                f"{raw[after_batch]:9.0f} rows/s = {rep.rate / raw[after_batch]:.2f}"
+            )
+            print(
+                f"          ({rep.events_read} events, {rep.rows_written} rows; "
+                f"after / before = {rep.rate / before.rate:.2f}x)"
             )
             await engine.close()
 

@@ -325,6 +325,48 @@ async def test_replay_from_a_sequence_source_reseeds_a_lost_topic(system: System
     assert len(await search(system, acct, "heron")) == 12
 
 
+async def test_bulk_replay_counts_duplicates_across_batches_and_decodes_bad_batches(
+    system: System,
+) -> None:
+    """The messages sink's bulk path (ClickHouse parses the raw records): a byte-identical
+    copy in a later batch is skipped and counted, a batch holding an unreadable record falls
+    back to Python decoding (the record counted, its neighbours still written), and the
+    rebuilt table holds each message once."""
+    acct = f"a{uuid.uuid4().hex[:8]}"
+    msgs = [msg(system, acct, "b", i, "user", f"walrus line {i}") for i in range(12)]
+    values = [v for _, v in journal_records(msgs)]
+    values = values[:6] + [b'{"v": 1, "type": "message.appended", "id": 7}'] + values[6:]
+    values.append(values[1])  # a republished copy, four batches after the first
+    rows = [(i + 1, v) for i, v in enumerate(values)]
+
+    class Seq:
+        async def read_seq(self, after_seq: int, limit: int) -> list[tuple[int, bytes]]:
+            return [r for r in rows if r[0] > after_seq][:limit]
+
+        async def last_seq(self) -> int:
+            return rows[-1][0]
+
+    sink = system.hub.sinks["messages"]
+    assert hasattr(sink, "apply_values")  # the bulk path is the one under test
+    report = (
+        await drain(
+            run_replay(
+                sink,
+                JournalSource(Seq()),
+                system.hub.state,
+                gate=system.hub.gate("messages"),
+                batch_size=3,
+            )
+        )
+    )[-1]
+    assert report.type == "report" and report.events_read == 14
+    assert report.undecodable == 1 and report.duplicates_skipped == 1
+    assert report.rows_written == 12
+    assert [h[1] for h in await search(system, acct, "walrus")] == sorted(range(12), reverse=True)
+    stored, distinct = await system.store.thread_row_counts(acct, AGENT, "b")
+    assert stored == distinct == 12
+
+
 # --- memory ---------------------------------------------------------------------------------
 async def test_memory_replay_recalls_exactly_as_before(system: System) -> None:
     acct = f"a{uuid.uuid4().hex[:8]}"

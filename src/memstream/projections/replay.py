@@ -33,10 +33,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import asyncpg
 
@@ -45,6 +45,7 @@ from memstream.schemas.events import DecodeError, Envelope, decode
 
 __all__ = [
     "PROJECTIONS",
+    "BulkReplaySink",
     "Gate",
     "Progress",
     "ReplaySink",
@@ -57,6 +58,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROJECTIONS: Final = ("messages", "memory", "counters")
 SourceKind = Literal["topic", "journal"]
@@ -150,6 +152,22 @@ class ReplaySink(Protocol):
 
     async def drop(self, generation: int) -> None:
         """Delete the target of ``generation`` (the one replaced)."""
+        ...
+
+
+BulkApply = Callable[[int, Sequence[bytes], set[str]], Awaitable[tuple[int, int] | None]]
+
+
+class BulkReplaySink(Protocol):
+    """A sink that can also take a batch of raw records in bulk (``messages``: ClickHouse
+    parses them, as for the live projector), skipping Python's decode."""
+
+    async def apply_values(
+        self, generation: int, values: Sequence[bytes], seen: set[str]
+    ) -> tuple[int, int] | None:
+        """Apply raw records whose event id is not in ``seen`` (then add their ids to it);
+        ``(rows written, duplicates)``, or None -- having written and added nothing -- when
+        the bulk path cannot vouch for the batch (the replay then decodes it in Python)."""
         ...
 
 
@@ -347,28 +365,41 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
     last_save = last_progress = now()
     yield _progress(st, "start", "replay")
 
+    apply_values: BulkApply | None = getattr(sink, "apply_values", None)
+
+    async def apply_decoded(batch: list[SourceRecord]) -> tuple[int, int]:
+        events: list[Envelope] = []
+        dups = 0
+        for rec in batch:
+            try:
+                env = decode(rec.value)
+            except DecodeError:
+                st.undecodable += 1
+                continue
+            if env.id in seen:
+                dups += 1
+                continue
+            seen.add(env.id)
+            events.append(env)
+        if not events:
+            return 0, dups
+        written, more = await sink.apply(st.generation, events)
+        return written, dups + more
+
     async def copy(until: dict[int, int], phase: str) -> AsyncGenerator[Progress, None]:
         nonlocal last_save, last_progress
         async with contextlib.aclosing(source.read(dict(st.next), until, batch_size)) as batches:
-            async for batch in batches:
-                events: list[Envelope] = []
+            async for batch in _read_ahead(batches):
                 for rec in batch:
                     st.events_read += 1
                     st.next[rec.partition] = rec.offset + 1
-                    try:
-                        env = decode(rec.value)
-                    except DecodeError:
-                        st.undecodable += 1
-                        continue
-                    if env.id in seen:
-                        st.duplicates_skipped += 1
-                        continue
-                    seen.add(env.id)
-                    events.append(env)
-                if events:
-                    written, dups = await sink.apply(st.generation, events)
-                    st.rows_written += written
-                    st.duplicates_skipped += dups
+                bulk: tuple[int, int] | None = None
+                if apply_values is not None:
+                    bulk = await apply_values(st.generation, [r.value for r in batch], seen)
+                if bulk is None:
+                    bulk = await apply_decoded(batch)
+                st.rows_written += bulk[0]
+                st.duplicates_skipped += bulk[1]
                 t = now()
                 st.elapsed_s = t - clock_base
                 if t - last_save >= checkpoint_every_s:
@@ -406,6 +437,21 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
             log.exception("replay %s: dropping generation %d failed", name, st.previous)
     st.elapsed_s = now() - clock_base
     yield _progress(st, "report", "done")
+
+
+async def _read_ahead(batches: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """``batches``, with the next one read while the caller applies the current one (the
+    source's decoding overlaps the sink's write). One batch ahead at most."""
+    pending: asyncio.Future[T | None] = asyncio.ensure_future(anext(batches, None))
+    try:
+        while (batch := await pending) is not None:
+            pending = asyncio.ensure_future(anext(batches, None))
+            yield batch
+    finally:
+        if not pending.done():
+            pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pending
 
 
 class _NoGate:

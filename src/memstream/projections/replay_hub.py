@@ -40,7 +40,8 @@ class ReplayHub:
     topics: Topics
     journal: SeqReader | None = None
     gates: dict[str, Gate] = field(default_factory=dict)
-    batch_size: int = 2_000
+    batch_size: int | None = None
+    """Records per replay batch; None: the sink's ``preferred_batch``, else 2,000."""
     keyring: Keyring | None = None  # opens sealed topic records (crypto-shredding)
     _running: set[str] = field(default_factory=set)
 
@@ -90,7 +91,7 @@ class ReplayHub:
                 self.state,
                 gate=self.gates.get(name),
                 restart=restart,
-                batch_size=self.batch_size,
+                batch_size=self.batch_size or getattr(sink, "preferred_batch", 2_000),
             ):
                 yield p
         finally:

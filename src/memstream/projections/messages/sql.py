@@ -480,12 +480,17 @@ Python instead (same rules as :func:`memstream.schemas.events.decode` and
 :func:`~memstream.projections.messages.rows.row_of_envelope`)."""
 
 
-def journal_batch_sql(source: str) -> str:
+EVENT_ID_COLUMN: Final = ",\n    ifNull(id, '') AS event_id"
+"""The optional last column of :func:`journal_batch_sql`."""
+
+
+def journal_batch_sql(source: str, *, event_id: bool = False) -> str:
     """One row per journal record of ``source`` (a table expression the adapter supplies:
     ``file(...)`` for chdb, an external table for a server, both in
     :data:`JOURNAL_BATCH_FORMAT` with :data:`JOURNAL_BATCH_STRUCTURE`).
 
-    Columns: ``kind`` (``KIND_*``) then the :data:`~.rows.MESSAGES_SCHEMA` columns. A row is
+    Columns: ``kind`` (``KIND_*``) then the :data:`~.rows.MESSAGES_SCHEMA` columns, then
+    (``event_id``) the envelope's ``id`` as ``event_id`` (a replay dedupes on it). A row is
     ``KIND_ROW`` only when every check of ``row_of_envelope`` passes on canonical values
     (``v`` 1, a known type, ids that match the envelope, a non-negative offset and seq, tool
     call ids present, ``created_at`` as ``YYYY-MM-DDTHH:MM:SS.mmmZ``); whatever the bulk path
@@ -524,6 +529,6 @@ def journal_batch_sql(source: str) -> str:
     arrayMap(c -> ifNull(c.id, ''), data.tool_calls) AS tool_call_ids,
     ifNull(parseDateTime64BestEffortOrNull(data.created_at, 3, 'UTC'),
            toDateTime64(0, 3, 'UTC')) AS created_at,
-    toUInt64(greatest(ifNull(data.seq, 0), 0)) AS seq
+    toUInt64(greatest(ifNull(data.seq, 0), 0)) AS seq{EVENT_ID_COLUMN if event_id else ""}
 FROM {source}
 SETTINGS {JOURNAL_BATCH_SETTINGS}"""

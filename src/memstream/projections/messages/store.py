@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Final
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from memstream.errors import PermanentInfraError, RetryableInfraError
@@ -140,13 +141,27 @@ class MessageStore:
         path, which dead-letters exactly the bad records. Records of erased threads are
         dropped first.
         """
+        parsed = await self.parse_journal_batch(values)
+        if parsed is None:
+            return None
+        batch = split_journal_batch(parsed)
+        await self.write_parsed(batch)
+        return batch
+
+    async def parse_journal_batch(
+        self, values: Sequence[bytes], *, event_id: bool = False
+    ) -> pa.Table | None:
+        """The result of :func:`~.sql.journal_batch_sql` for ``values`` (records of erased
+        threads dropped first; ``event_id``: with the envelopes' ids as a last column), or
+        None when the bulk path cannot vouch for every record (see
+        :meth:`write_journal_batch`). Writes nothing."""
         await self.erased.refresh()
         values = self.erased.keep_values(values)
         if not values or not all(v[:1] == b"{" and v[-1:] == b"}" for v in values):
             return None
         try:
             parsed = await self.engine.query_input_arrow(
-                journal_batch_sql,
+                lambda source: journal_batch_sql(source, event_id=event_id),
                 b"\n".join(values),
                 JOURNAL_BATCH_FORMAT,
                 JOURNAL_BATCH_STRUCTURE,
@@ -161,12 +176,16 @@ class MessageStore:
             or pc.any(pc.equal(parsed.column("kind"), KIND_PYTHON)).as_py()
         ):
             return None
-        batch = split_journal_batch(parsed)
+        return parsed
+
+    async def write_parsed(self, batch: ParsedBatch) -> int:
+        """Insert a parsed batch (``thread_users`` first, as :meth:`write`); durable on
+        return. Returns the message rows written."""
         if batch.owners.num_rows:
             await self.engine.insert_arrow(self.database, "thread_users", batch.owners)
         if batch.messages.num_rows:
             await self.engine.insert_arrow(self.database, "messages", batch.messages)
-        return batch
+        return int(batch.messages.num_rows)
 
     async def collection_stats(self, account_id: str, agent_id: str) -> tuple[float, float]:
         """(messages, average length in terms) of an agent, for BM25; cached for
