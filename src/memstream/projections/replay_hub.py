@@ -45,6 +45,12 @@ class ReplayHub:
     keyring: Keyring | None = None  # opens sealed topic records (crypto-shredding)
     _running: set[str] = field(default_factory=set)
 
+    def _batch_of(self, sink: ReplaySink) -> int:
+        if self.batch_size is not None:
+            return self.batch_size
+        preferred = getattr(sink, "preferred_batch", None)
+        return preferred if isinstance(preferred, int) else 2_000
+
     def gate(self, projection: str) -> Gate:
         return self.gates.setdefault(projection, Gate())
 
@@ -91,7 +97,7 @@ class ReplayHub:
                 self.state,
                 gate=self.gates.get(name),
                 restart=restart,
-                batch_size=self.batch_size or getattr(sink, "preferred_batch", 2_000),
+                batch_size=self._batch_of(sink),
             ):
                 yield p
         finally:
