@@ -127,6 +127,8 @@ async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) ->
         groups = {row["group"] for row in lag_rows}
         # groups that committed show "since commit" (read from the commits' metadata)
         assert any(row["since_commit_s"] is not None for row in lag_rows), lag_rows
+        # every record below a committed offset was applied: no gap (streams.coverage)
+        assert all(row["gap"] == 0 for row in lag_rows), lag_rows
         assert groups == {
             "memstream-counters",
             "memstream-summarizer",

@@ -22,8 +22,8 @@ def test_long_ids_are_printed_whole(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_lag_groups_and_topics_are_printed_whole(capsys: pytest.CaptureFixture[str]) -> None:
     group = "memstream-production-eu-west-1-message-projector-replay-generation-7"
-    rows = [[group, "memstream-production-eu-west-1.journal", "0", "10", "12", "2", "1.5s"]]
-    cols = ["group", "topic", "partition", "committed", "end", "lag", "since commit"]
+    rows = [[group, "memstream-production-eu-west-1.journal", "0", "10", "12", "2", "0", "1.5s"]]
+    cols = ["group", "topic", "partition", "committed", "end", "lag", "gap", "since commit"]
     _print_full(_full_table("consumer lag", cols, rows))
     out = capsys.readouterr().out
     assert group in out and "memstream-production-eu-west-1.journal" in out and "…" not in out

@@ -18,6 +18,7 @@ processor_latency_seconds                      histogram  processor
 processor_last_commit_timestamp_seconds        gauge      processor
 consumer_lag                                   gauge      group, topic, partition
 consumer_gaps_total                            counter    processor, kind (rewound, accepted)
+projection_gap                                 gauge      projection
 dlq_events_total                               counter    processor, origin_topic
 journal_append_seconds                         histogram  -
 journal_group_commit_batch_size                histogram  -
@@ -114,6 +115,14 @@ class Metrics:
             "expected: rewound (sought back and re-read) or accepted (the broker no longer has "
             "the records in between, e.g. retention).",
             ["processor", "kind"],
+            registry=r,
+        )
+        self.projection_gap = Gauge(
+            "memstream_projection_gap",
+            "Records below a processor's committed offsets (on the partitions this process "
+            "holds) that it never applied: a silently skipped range (see `memstream lag`, "
+            "column gap). 0 when healthy; sum across processes.",
+            ["projection"],
             registry=r,
         )
         self.dead_letters = Counter(

@@ -71,6 +71,7 @@ from memstream.infra.data_keys import Keyring
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
+from memstream.streams.coverage import CoverageStore, PartitionCoverage
 from memstream.streams.processor import (
     RETRY_FOR_HEADER,
     Dispatcher,
@@ -217,6 +218,7 @@ class ProcessorConsumer:
         retry: RetryPolicy | None = None,
         commit_interval_s: float = COMMIT_INTERVAL_S,
         keyring: Keyring | None = None,
+        coverage: CoverageStore | None = None,
     ) -> None:
         if not bootstrap.strip():
             raise ValueError("kafka_bootstrap is empty: start the embedded broker or set it")
@@ -260,6 +262,10 @@ class ProcessorConsumer:
         self._gap_seen: dict[TopicPartition, int] = {}
         self._gaps_rewound = metrics.consumer_gaps.labels(processor.name, "rewound")
         self._gaps_accepted = metrics.consumer_gaps.labels(processor.name, "accepted")
+        #: What this member applied per held partition (``streams.coverage``), if stored.
+        self.coverage = PartitionCoverage(coverage, self.group_id) if coverage else None
+        self._coverage_failing = False
+        self._gap_gauge = metrics.projection_gap.labels(processor.name)
         self._lock = asyncio.Lock()  # held while a batch is dispatched and by the listener
         self._epoch = 0  # bumped on every revoke: older polls are stale
         self._stopping = False
@@ -412,6 +418,7 @@ class ProcessorConsumer:
         if self.processor.batch_max > 1:
             await self._dispatcher.dispatch(records)
             self._mark(offsets)
+            self._covered(records)
             return
         tps = {(tp.topic, tp.partition): tp for tp in offsets}
         for rec in records:
@@ -420,6 +427,38 @@ class ProcessorConsumer:
             if rec.meta.offset + 1 > self._pending.get(tp, -1):
                 self._pending[tp] = rec.meta.offset + 1
             self._next[tp] = rec.meta.offset + 1
+        self._covered(records)
+
+    def _covered(self, records: Sequence[RawRecord]) -> None:
+        """Record the offsets of ``records`` as applied (their effects are durable)."""
+        if self.coverage is None:
+            return
+        by_tp: dict[tuple[str, int], list[int]] = {}
+        for r in records:
+            by_tp.setdefault((r.meta.topic, r.meta.partition), []).append(r.meta.offset)
+        self.coverage.applied(by_tp)
+        self._gap_gauge.set(self.coverage.gap())
+
+    async def _flush_coverage(self) -> None:
+        """Write applied ranges before their offsets are committed (see streams.coverage).
+        A failing store never holds commits back: the ranges stay queued."""
+        if self.coverage is None:
+            return
+        try:
+            async with asyncio.timeout(5.0):
+                await self.coverage.flush()
+        except Exception as e:  # noqa: BLE001 - derived bookkeeping, never a stop
+            if not self._coverage_failing:
+                log.warning(
+                    "%s: could not record applied ranges (kept, retried): %r",
+                    self.processor.name,
+                    e,
+                )
+            self._coverage_failing = True
+            return
+        if self._coverage_failing:
+            log.info("%s: recording applied ranges again", self.processor.name)
+        self._coverage_failing = False
 
     def _rewind(self, batch: Sequence[RawRecord]) -> None:
         """Seek each still-assigned partition of ``batch`` back to its lowest offset in it
@@ -445,6 +484,7 @@ class ProcessorConsumer:
         offsets = {tp: off for tp, off in self._pending.items() if only is None or tp in only}
         if not offsets:
             return
+        await self._flush_coverage()
         try:
             # the commit's metadata carries its wall-clock time: `memstream lag`, in another
             # process, reads it back as "since commit" (Kafka keeps no commit time itself)
@@ -469,10 +509,15 @@ class ProcessorConsumer:
                 self._pending.pop(tp, None)
                 self._next.pop(tp, None)
                 self._gap_seen.pop(tp, None)
+            if self.coverage is not None:
+                await self._flush_coverage()
+                self.coverage.revoked((tp.topic, tp.partition) for tp in revoked)
+                self._gap_gauge.set(self.coverage.gap())
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         """Expect each new partition to start at its committed offset (unknown: no check
         until its first record is handled)."""
+        known: dict[TopicPartition, int | None] = {}
         for tp in assigned:
             self._next.pop(tp, None)
             try:
@@ -481,5 +526,33 @@ class ProcessorConsumer:
             except Exception as e:  # noqa: BLE001 - the check is a safety net, never a stop
                 log.info("%s: committed offset of %s unknown (%s)", self.processor.name, tp, e)
                 continue
+            known[tp] = committed if committed is not None and committed >= 0 else None
             if committed is not None and committed >= 0:
                 self._next[tp] = committed
+        if self.coverage is not None:
+            await self._assign_coverage(known)
+
+    async def _assign_coverage(self, known: Mapping[TopicPartition, int | None]) -> None:
+        """Load (or start, or seed) the coverage of newly held partitions whose committed
+        offset is known (``known``: partition -> committed offset, None if never)."""
+        assert self.coverage is not None
+        tps = sorted(known, key=lambda tp: (tp.topic, tp.partition))
+        if not tps:
+            return
+        try:
+            async with asyncio.timeout(10.0):
+                starts = await self._consumer.beginning_offsets(tps)
+                await self.coverage.assigned(
+                    {(tp.topic, tp.partition): (known[tp], int(starts.get(tp, 0))) for tp in tps}
+                )
+        except Exception as e:  # noqa: BLE001 - unknown coverage: no gap reported for them
+            log.warning("%s: coverage of %s unknown (%r)", self.processor.name, tps, e)
+            return
+        self._gap_gauge.set(self.coverage.gap())
+        if gap := self.coverage.gap():
+            log.error(
+                "%s: %d record(s) below the committed offsets of its partitions were never "
+                "applied (a skipped range: see `memstream lag`, column gap)",
+                self.processor.name,
+                gap,
+            )

@@ -39,6 +39,7 @@ from memstream.infra.kafka.failures import KAFKA_FAILURES, translate
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
 from memstream.streams.consumer import commit_time
+from memstream.streams.coverage import PartitionKey, Ranges, holes
 
 __all__ = [
     "LagRow",
@@ -46,6 +47,7 @@ __all__ = [
     "bootstrap_hosts",
     "consumer_lag",
     "end_offsets",
+    "max_gap",
     "max_lag",
     "processor_groups",
 ]
@@ -62,6 +64,9 @@ class LagRow:
     end_offset: int
     lag: int
     since_commit_s: float | None = None
+    gap: int | None = None
+    """Records below ``committed`` the group never applied (``streams.coverage``); None
+    when its coverage is unknown (no store given, or the partition never recorded)."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -151,17 +156,33 @@ def _since(now: float, known: float | None, metadata: str | None) -> float | Non
     return None if at is None else max(0.0, now - at)
 
 
+def _gap(
+    coverage: Mapping[PartitionKey, Ranges] | None,
+    key: PartitionKey,
+    committed: int | None,
+    starts: Mapping[TopicPartition, int],
+) -> int | None:
+    if committed is None:
+        return 0 if coverage is not None else None  # never committed: all of it is lag
+    if coverage is None or key not in coverage:
+        return None
+    start = starts.get(TopicPartition(key[1], key[2]), 0)
+    return holes(coverage[key], start, committed)
+
+
 async def consumer_lag(
     bootstrap: str,
     groups: Mapping[str, Sequence[str]],
     *,
     last_commit: Mapping[str, float | None] | None = None,
     timeout: float = 10.0,
+    coverage: Mapping[PartitionKey, Ranges] | None = None,
 ) -> list[LagRow]:
     """Lag of each group (``{group_id: [topic, ...]}``) on every partition of its topics.
 
     Rows are ordered by group, topic, partition. ``last_commit`` optionally gives each
-    group's last commit time (unix seconds) to fill ``since_commit_s``.
+    group's last commit time (unix seconds) to fill ``since_commit_s``; ``coverage`` (what
+    each group applied, from ``CoverageStore.load_groups``) fills ``gap``.
     """
     all_topics = [t for ts in groups.values() for t in ts]
     starts, highs = await end_offsets(bootstrap, all_topics, timeout=timeout)
@@ -189,6 +210,7 @@ async def consumer_lag(
                         end_offset=end,
                         lag=max(0, end - base),
                         since_commit_s=_since(now, lc, om.metadata if om is not None else None),
+                        gap=_gap(coverage, (group, tp.topic, tp.partition), committed, starts),
                     )
                 )
     except KAFKA_FAILURES as exc:
@@ -196,6 +218,11 @@ async def consumer_lag(
     finally:
         await admin.close()
     return rows
+
+
+def max_gap(rows: Iterable[LagRow]) -> int:
+    """The largest known gap among ``rows`` (0 for none)."""
+    return max((r.gap for r in rows if r.gap is not None), default=0)
 
 
 def max_lag(rows: Iterable[LagRow]) -> int:
@@ -216,10 +243,15 @@ class LagWatcher:
         self._seen: dict[tuple[str, str, int], int | None] = {}
         self._moved: dict[str, float] = {}
 
-    async def poll(self, *, last_commit: Mapping[str, float | None] | None = None) -> list[LagRow]:
+    async def poll(
+        self,
+        *,
+        last_commit: Mapping[str, float | None] | None = None,
+        coverage: Mapping[PartitionKey, Ranges] | None = None,
+    ) -> list[LagRow]:
         known = dict(self._moved)
         known.update({g: t for g, t in (last_commit or {}).items() if t is not None})
-        rows = await consumer_lag(self.bootstrap, self.groups, last_commit=known)
+        rows = await consumer_lag(self.bootstrap, self.groups, last_commit=known, coverage=coverage)
         now = time.time()
         changed = False
         for r in rows:
@@ -239,6 +271,7 @@ class LagWatcher:
                 r.end_offset,
                 r.lag,
                 now - self._moved[r.group] if r.group in self._moved else r.since_commit_s,
+                r.gap,
             )
             for r in rows
         ]

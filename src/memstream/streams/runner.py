@@ -44,6 +44,7 @@ from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.topics import Topics
 from memstream.streams.consumer import ProcessorConsumer
+from memstream.streams.coverage import CoverageStore
 from memstream.streams.lag import consumer_lag
 from memstream.streams.processor import Processor, ProcessorContext, RetryPolicy
 
@@ -97,6 +98,7 @@ class Runner:
         retry: RetryPolicy | None = None,
         lag_interval_s: float | None = 5.0,
         keyring: Keyring | None = None,
+        coverage: CoverageStore | None = None,
     ) -> None:
         """``names`` selects processors (default: all, in ``factories`` order); an unknown
         name raises ``InvalidRequest(field="processors")``."""
@@ -117,6 +119,7 @@ class Runner:
         self._retry = retry
         self._keyring = keyring
         self._lag_interval = lag_interval_s
+        self._coverage = coverage
         self._hosted: list[HostedProcessor] = []
         self._stop = asyncio.Event()
         self._lag_task: asyncio.Task[None] | None = None
@@ -155,6 +158,7 @@ class Runner:
                     publish=self._publish,
                     retry=self._retry,
                     keyring=self._keyring,
+                    coverage=self._coverage,
                 )
                 await processor.start(consumer.ctx)
                 self._hosted.append(HostedProcessor(name, processor, consumer))

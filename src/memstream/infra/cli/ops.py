@@ -28,6 +28,7 @@ from memstream.infra.cli.main import (
     settings_for_running,
 )
 from memstream.schemas.topics import Topics
+from memstream.streams.coverage import PartitionKey, Ranges
 
 __all__ = ["PROCESSOR_TOPICS"]
 
@@ -81,11 +82,32 @@ def _lag_table(rows: list[object]) -> Table:
                 "-" if d["committed"] is None else str(d["committed"]),
                 str(d["end_offset"]),
                 str(d["lag"]),
+                "-" if d["gap"] is None else str(d["gap"]),
                 "-" if since is None else f"{since:.1f}s",
             ]
         )
-    columns = ["group", "topic", "partition", "committed", "end", "lag", "since commit"]
+    columns = ["group", "topic", "partition", "committed", "end", "lag", "gap", "since commit"]
     return _full_table("consumer lag", columns, cells)
+
+
+async def _coverage(dsn: str, groups: list[str]) -> dict[PartitionKey, Ranges] | None:
+    """What each group applied (``streams.coverage``), or None (with a warning) when the
+    database cannot be read: the gap column then shows ``-``."""
+    import asyncpg
+
+    from memstream.infra.coverage_store import PgCoverage
+
+    if not dsn:
+        return None
+    try:
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1, timeout=5)
+        try:
+            return await PgCoverage(pool).load_groups(groups)
+        finally:
+            await pool.close()
+    except Exception as e:  # noqa: BLE001 - lag without gaps is still worth showing
+        err.print(f"[yellow]gap unknown[/]: cannot read coverage from Postgres ({e})")
+        return None
 
 
 @app.command()
@@ -96,18 +118,31 @@ def lag(
     max_lag: Annotated[
         int | None, typer.Option("--max-lag", help="Exit 1 if any lag exceeds this.")
     ] = None,
+    max_gap: Annotated[
+        int | None,
+        typer.Option("--max-gap", help="Exit 1 if any known gap exceeds this (0: any)."),
+    ] = None,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
 ) -> None:
-    """Consumer lag per processor group and partition (committed, end, lag, since commit)."""
+    """Consumer lag per processor group and partition (committed, end, lag, gap, since
+    commit). The gap counts records below the committed offset the projection never applied
+    (a skipped range, which lag alone would read as 0)."""
     from memstream.streams.lag import LagWatcher, consumer_lag, processor_groups
+    from memstream.streams.lag import max_gap as widest
     from memstream.streams.lag import max_lag as biggest
 
     bootstrap, _ = _bootstrap(data_dir)
     s = settings_for_running(data_dir)
     groups = processor_groups(s, PROCESSOR_TOPICS)
+    dsn = s.postgres_dsn.get_secret_value()
 
     if not watch:
-        rows = run(consumer_lag(bootstrap, groups))
+
+        async def once() -> object:
+            coverage = await _coverage(dsn, list(groups))
+            return await consumer_lag(bootstrap, groups, coverage=coverage)
+
+        rows = run(once())
         assert isinstance(rows, list)
         if as_json:
             print(orjson.dumps([r.to_dict() for r in rows]).decode())
@@ -116,13 +151,17 @@ def lag(
         if max_lag is not None and biggest(rows) > max_lag:
             err.print(f"lag {biggest(rows)} exceeds --max-lag {max_lag}")
             raise typer.Exit(1)
+        if max_gap is not None and widest(rows) > max_gap:
+            err.print(f"gap {widest(rows)} exceeds --max-gap {max_gap}")
+            raise typer.Exit(1)
         return
 
     async def loop() -> None:
         watcher = LagWatcher(bootstrap, groups)
         with Live(console=out, refresh_per_second=4) as live:
             while True:
-                rows = await watcher.poll()
+                coverage = await _coverage(dsn, list(groups))
+                rows = await watcher.poll(coverage=coverage)
                 if as_json:
                     print(
                         orjson.dumps(

@@ -265,8 +265,16 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
         stoppers.append(_message_vectors(stack, svc.message_store))
     if names:
         assert svc.metrics is not None
+        from memstream.infra.coverage_store import PgCoverage
+
+        coverage = PgCoverage(stack.pool) if stack.pool is not None else None
         runner = Runner(
-            s, processor_factories(stack), svc.metrics, names=list(names), keyring=svc.keyring
+            s,
+            processor_factories(stack),
+            svc.metrics,
+            names=list(names),
+            keyring=svc.keyring,
+            coverage=coverage,
         )
         await runner.start()
         stoppers.append(runner.stop)
