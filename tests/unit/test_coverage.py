@@ -114,3 +114,17 @@ async def test_seeding_and_restart_rules() -> None:
     await cov.flush()
     assert store.rows[("g", "t", 0)] == [(10, 42)]
     assert cov.gap() == 0
+
+
+@pytest.mark.asyncio
+async def test_records_applied_before_the_coverage_is_loaded_are_kept() -> None:
+    # aiokafka can fetch (and the processor apply) before the rebalance listener has loaded
+    # the partition's coverage: those offsets must not be lost (they would read as a gap)
+    store = MemStore()
+    tp = ("t", 1)
+    cov = PartitionCoverage(store, "g")
+    cov.applied({tp: list(range(0, 30))})
+    await cov.assigned({tp: (None, 0)})
+    cov.applied({tp: list(range(30, 50))})
+    await cov.flush()
+    assert store.rows[("g", "t", 1)] == [(0, 50)] and cov.gap() == 0

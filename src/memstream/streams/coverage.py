@@ -128,6 +128,16 @@ class PartitionCoverage:
         self._start: dict[tuple[str, int], int] = {}
         self._upto: dict[tuple[str, int], int] = {}  # next offset this member expects
         self._dirty: set[tuple[str, int]] = set()
+        self._changes = 0  # bumped on every change: a flush keeps what changed during it
+        self._changed_at: dict[tuple[str, int], int] = {}
+        #: Applied before the partition's coverage was loaded (the fetcher can start before
+        #: the rebalance listener finishes): merged in when it is.
+        self._early: dict[tuple[str, int], Ranges] = {}
+
+    def _touch(self, tp: tuple[str, int]) -> None:
+        self._changes += 1
+        self._changed_at[tp] = self._changes
+        self._dirty.add(tp)
 
     def _key(self, tp: tuple[str, int]) -> PartitionKey:
         return (self.group, tp[0], tp[1])
@@ -144,40 +154,50 @@ class PartitionCoverage:
             self._start[tp] = start
             have = loaded.get(self._key(tp))
             if committed is None:
-                self._ranges[tp] = []  # a new coverage (new group, or a rebuilt topic)
-                self._dirty.add(tp)
+                ranges: Ranges = []  # a new coverage (new group, or a rebuilt topic)
                 self._upto[tp] = start
             elif have is None:
-                self._ranges[tp] = [(start, committed)] if committed > start else []
-                self._dirty.add(tp)
+                ranges = [(start, committed)] if committed > start else []
                 self._upto[tp] = committed
             else:
-                self._ranges[tp] = have
+                ranges = have
                 self._upto[tp] = committed
+            early = self._early.pop(tp, [])
+            if early:
+                self._upto[tp] = max(self._upto[tp], early[-1][1])
+            self._ranges[tp] = merge(ranges, early)
+            if early or have is None:
+                self._touch(tp)
 
     def revoked(self, tps: Iterable[tuple[str, int]]) -> None:
         for tp in tps:
             self._ranges.pop(tp, None)
             self._start.pop(tp, None)
             self._upto.pop(tp, None)
+            self._early.pop(tp, None)
             self._dirty.discard(tp)
 
     def applied(self, offsets: Mapping[tuple[str, int], Sequence[int]]) -> None:
         """Offsets whose effect is durable, per held partition."""
         for tp, offs in offsets.items():
-            if tp not in self._ranges or not offs:
+            if not offs:
+                continue
+            if tp not in self._ranges:  # its coverage is not loaded yet
+                self._early[tp] = merge(self._early.get(tp, []), ranges_of(offs))
                 continue
             self._ranges[tp] = merge(self._ranges[tp], ranges_of(offs))
             self._upto[tp] = max(self._upto.get(tp, 0), max(offs) + 1)
-            self._dirty.add(tp)
+            self._touch(tp)
 
     async def flush(self) -> None:
         """Write changed partitions' ranges. If the store raises, they stay queued."""
         if not self._dirty:
             return
-        done = set(self._dirty)
+        mark = self._changes
+        done = {tp for tp in self._dirty if tp in self._ranges}
         await self.store.save({self._key(tp): list(self._ranges[tp]) for tp in done})
-        self._dirty -= done
+        # what changed while the write was in flight stays queued for the next flush
+        self._dirty -= {tp for tp in done if self._changed_at.get(tp, 0) <= mark}
 
     def gap(self) -> int:
         """Offsets below what this member is past, on the partitions it holds, never applied."""
