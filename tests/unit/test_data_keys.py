@@ -6,6 +6,7 @@ import base64
 import os
 from datetime import UTC, datetime
 
+import orjson
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -93,3 +94,26 @@ def test_sealing_relay_quarantines_without_content() -> None:
     assert b"armadillo" not in dropped.poison[0][1] and dropped.oversized == (1,)
     ok = plan_batch([(1, raw)], "j", 1, keep_head=False)
     assert [e.thread_id for e in ok.envelopes] == ["t1"] and ok.records[0][1] == raw
+
+
+def test_the_erasure_block_filter_finds_every_envelope_of_the_threads_and_skips_others() -> None:
+    from memstream.infra.journal.codec import encode_seq_block
+    from memstream.infra.journal.erase import redact_block, thread_filter
+    from memstream.schemas.events import encode_message_appended
+
+    def env(thread: str, content: str = "x") -> bytes:
+        msg = Message("acme", "bot", thread, 0, f"m-{thread}", "user", content, datetime.now(UTC))
+        return encode_message_appended(msg, 1, orjson.dumps(msg.to_dict()))
+
+    odd = 'quote"d é t1'  # an id orjson escapes (the quote) and one it writes raw (é)
+    erased = {("acme", "bot", "t1"), ("acme", "bot", odd)}
+    candidates = thread_filter(erased)
+    for thread in ("t1", odd):
+        block = encode_seq_block([env("t2"), env(thread, "secret"), env("t10")])
+        with_filter = redact_block(block, erased, candidates)
+        assert with_filter is not None and with_filter == redact_block(block, erased)
+        assert with_filter[1] == 1 and b"secret" not in with_filter[0]
+    # a block naming the thread only in content, or a longer id, is not touched
+    others = encode_seq_block([env("t10"), env("t2", 'the thread_id "t1"')])
+    assert redact_block(others, erased, candidates) is None
+    assert candidates.search(encode_seq_block([env("t10"), env("t11")])) is None

@@ -14,11 +14,13 @@ What a thread left in SlateDB, and what erasure does with it:
 Deletes and rewrites are plain SlateDB writes, durable on return; compaction later drops
 the old versions from object storage. Idempotent: a second run finds nothing to do. The
 sequence scan reads the whole log once per call (streamed, not held in memory), so erase
-many threads in one call.
+many threads in one call; a block is decoded only if the raw bytes name one of the erased
+threads (:func:`thread_filter`), so the scan costs little more than reading the log.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -60,9 +62,23 @@ def placeholder(account_id: str, agent_id: str, thread_id: str, event_id: str, t
     return encode(env)
 
 
-def redact_block(raw: bytes, erased: set[Identity]) -> tuple[bytes, int] | None:
+def thread_filter(erased: set[Identity]) -> re.Pattern[bytes]:
+    """Matches a sequence block that may hold an envelope of ``erased``: the thread id as the
+    envelope encoder (orjson, with which every envelope of the log is written: ``encode`` and
+    the append fast path, byte-identical) writes it. A block it misses holds none of them,
+    so only candidate blocks are decoded (a false positive only costs a decode). Pure."""
+    needles = sorted({orjson.dumps(t) for _, _, t in erased}, key=len, reverse=True)
+    return re.compile(b"|".join(re.escape(b'"thread_id":' + n) for n in needles))
+
+
+def redact_block(
+    raw: bytes, erased: set[Identity], candidates: re.Pattern[bytes] | None = None
+) -> tuple[bytes, int] | None:
     """A sequence block with the envelopes of ``erased`` threads replaced (and how many),
-    or None when it holds none of them (nothing to write). Pure."""
+    or None when it holds none of them (nothing to write). ``candidates``
+    (:func:`thread_filter`) skips decoding a block that cannot hold one. Pure."""
+    if candidates is not None and candidates.search(raw) is None:
+        return None
     out: list[bytes] = []
     hits = 0
     for env in decode_seq_block(raw):
@@ -134,8 +150,9 @@ async def erase_threads(
             if (account_id, agent_id, thread) in erased:
                 await writes.delete(kv.key)
                 out.tool_calls += 1
+    candidates = thread_filter(erased)
     async for kv in _scan(db, keys.SEQUENCE):
-        redacted = redact_block(kv.value, erased)
+        redacted = redact_block(kv.value, erased, candidates)
         if redacted is not None:
             await writes.put(kv.key, redacted[0])
             out.sequence += redacted[1]
