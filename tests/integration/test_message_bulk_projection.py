@@ -73,7 +73,7 @@ async def test_a_canonical_batch_projects_in_bulk_like_the_python_path(
         encode(thread_event("thread.created", acct, "ag", "t3", ts=1)),
         enc(msgs[1]),  # a redelivery inside the batch
     ]
-    projector = MessageProjector(message_store)
+    projector = MessageProjector(message_store, bulk_min=2)
     await projector.handle_raw(raw(values))
 
     assert projector.bulk_batches == 1 and projector.python_batches == 0
@@ -131,7 +131,7 @@ async def test_a_record_the_bulk_path_cannot_vouch_for_falls_back_to_python(
     assert await message_store.write_journal_batch([enc(good), bad]) is None
     assert await found(message_store, acct, "narwhal") == []  # nothing written in bulk
 
-    projector = MessageProjector(message_store)
+    projector = MessageProjector(message_store, bulk_min=2)
     with pytest.raises(DecodeError):
         await projector.handle_raw(raw([enc(good), bad]))
     # the runtime then isolates records one by one: the good one projects, the bad one fails
@@ -147,7 +147,7 @@ async def test_non_canonical_but_valid_records_are_projected_by_the_python_path(
     acct = f"a{uuid.uuid4().hex[:8]}"
     m = msg(acct, "t1", 0, "user", "beluga song")
     offset_time = _variant(m, created_at="2026-03-01T01:00:00+01:00")
-    projector = MessageProjector(message_store)
+    projector = MessageProjector(message_store, bulk_min=2)
     await projector.handle_raw(raw([offset_time, enc(msg(acct, "t1", 1, "user", "beluga"))]))
     assert projector.python_batches == 1 and projector.bulk_batches == 0
     hits = await message_store.search(SearchSpec(acct, "ag", None, query_words("beluga"), 5))
@@ -159,10 +159,34 @@ async def test_the_gate_passes_raw_records_and_records_reported_positions(
 ) -> None:
     acct = f"a{uuid.uuid4().hex[:8]}"
     marks = Watermarks("transcript search")
-    gated = GatedProcessor(MessageProjector(message_store), Gate(), record_messages(marks))
+    gated = GatedProcessor(MessageProjector(message_store, bulk_min=2), Gate(), record_messages(marks))
     assert gated.raw
     await gated.handle_raw(
         raw([enc(msg(acct, "t1", 0, "user", "orca")), enc(msg(acct, "t1", 4, "system", "s"))])
     )
     assert marks.get(ThreadRef(acct, "ag", "t1").key) == 104
     assert await found(message_store, acct, "orca") == ["t1:0:user:orca"]
+
+
+async def test_a_batch_below_bulk_min_is_projected_by_the_python_path_alike(
+    message_store: MessageStore,
+) -> None:
+    acct = f"a{uuid.uuid4().hex[:8]}"
+    msgs = [
+        msg(acct, "t1", 0, "system", "dugong system prompt"),
+        msg(acct, "t1", 1, "user", "Dugong grass?", user_id="u1"),
+        msg(acct, "t2", 0, "user", "dugong seas"),
+    ]
+    projector = MessageProjector(message_store, bulk_min=10)
+    await projector.handle_raw(raw([enc(m) for m in msgs] + [enc(msgs[2])]))
+    assert projector.python_batches == 1 and projector.bulk_batches == 0
+    assert projector.rows_written == 2
+    assert await found(message_store, acct, "dugong", "u1") == [
+        f"t1:1:user:{msgs[1].content}",
+        f"t2:0:user:{msgs[2].content}",
+    ]
+    assert await found(message_store, acct, "dugong") == [f"t2:0:user:{msgs[2].content}"]
+    assert dict(projector.applied_positions()) == {
+        ThreadRef(acct, "ag", "t1").key: msgs[1].seq,
+        ThreadRef(acct, "ag", "t2").key: msgs[2].seq,
+    }

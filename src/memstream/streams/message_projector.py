@@ -1,8 +1,9 @@
 """The message projector: ``journal`` -> ClickHouse ``messages`` (transcript search).
 
 A ``raw`` processor: the runtime hands it undecoded records, and ClickHouse parses each
-batch in bulk (:meth:`MessageStore.write_journal_batch`), which removes the Python decode and
-row mapping that dominated its cost. When the bulk path cannot vouch for a batch (a record
+large batch (``bulk_min`` records or more) in bulk (:meth:`MessageStore.write_journal_batch`),
+which removes the Python decode and row mapping that dominated a backlog's cost; a small
+batch is decoded in Python, which is cheaper than one more ClickHouse statement. When the bulk path cannot vouch for a batch (a record
 that does not parse strictly or is not in canonical form), the batch is decoded in Python
 and mapped with the pure :func:`rows_of_batch`, the rules the bulk SQL mirrors; a bad record
 then fails the batch and the runtime isolates it (one record at a time, Python path).
@@ -36,6 +37,15 @@ from memstream.schemas.topics import JOURNAL
 from memstream.streams.processor import Processor, ProcessorContext, RawRecord, Received
 
 NAME: Final = "message-projector"
+BULK_MIN_RECORDS: Final = 1_000
+"""Batches smaller than this take the Python path: the bulk parse is one more ClickHouse
+statement with a fixed cost (~9 ms on chdb, query analysis), so below about a thousand
+records decoding in Python is cheaper (docs/transcript-search.md). A backlog comes in full
+batches of ``batch_max`` and goes in bulk; a caught-up projector's small batches do not pay
+for it."""
+BATCH_WITHIN_S: Final = 0.1
+"""How long a batch that is not full waits for more records: the largest part of append ->
+searchable when the projector is caught up (bench/append_searchable.py)."""
 
 
 def rows_of_batch(envelopes: Iterable[Envelope]) -> list[MessageRow]:
@@ -76,11 +86,13 @@ class MessageProjector(Processor):
         store: MessageStore,
         *,
         batch_max: int = 5_000,
-        batch_within_s: float = 0.25,
+        batch_within_s: float = BATCH_WITHIN_S,
+        bulk_min: int = BULK_MIN_RECORDS,
     ) -> None:
         self.store = store
         self.batch_max = batch_max
         self.batch_within_s = batch_within_s
+        self.bulk_min = max(2, bulk_min)
         self.rows_written = 0
         self.bulk_batches = 0
         self.python_batches = 0
@@ -96,7 +108,7 @@ class MessageProjector(Processor):
 
     async def handle_raw(self, records: Sequence[RawRecord]) -> None:
         self._positions = {}
-        if len(records) > 1:
+        if len(records) >= self.bulk_min:
             batch = await self.store.write_journal_batch([r.value for r in records])
             if batch is not None:
                 self.bulk_batches += 1
