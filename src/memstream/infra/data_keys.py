@@ -38,8 +38,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 import asyncpg
 import orjson
@@ -70,10 +69,9 @@ HEADER_BYTES: Final = len(MAGIC) + KID_BYTES + NONCE_BYTES
 OVERHEAD_BYTES: Final = HEADER_BYTES + 16
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Scope:
+class Scope(NamedTuple):
     """Whose key: ``kind`` ``"t"`` (a thread: account, agent, thread) or ``"u"`` (a user:
-    account, user, with ``agent`` empty)."""
+    account, user, with ``agent`` empty). A tuple: hashed in C on the relay's hot path."""
 
     kind: Literal["t", "u"]
     account_id: str
