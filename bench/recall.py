@@ -235,7 +235,7 @@ async def bench_size(
         scope = RecallScope(acct, "bench", None, now.timestamp())
         sv = index._bm25.embed_query(q)  # noqa: SLF001
         t0 = time.perf_counter()
-        hits = edge._query_blocking(
+        hits = edge.query_blocking(
             name,
             qvecs[r % len(QUERIES)],  # noqa: SLF001
             SparseVec(list(sv.indices), list(sv.values)),

@@ -25,6 +25,7 @@ from memstream.projections.memory_index.layout import (
     identity_from_payload,
 )
 from memstream.projections.memory_index.port import IndexPoint, SparseVec
+from memstream.projections.memory_index.tuning import TUNING, IndexTuning
 
 
 def scope_filter(scope: RecallScope) -> models.Filter:
@@ -65,6 +66,44 @@ def scope_filter(scope: RecallScope) -> models.Filter:
     return models.Filter(must=must)
 
 
+def field_schemas(tuning: IndexTuning) -> list[tuple[str, Any]]:
+    """The payload indexes of a collection, as the edge adapter creates them: ``is_tenant``
+    on the tenant fields, per-value graphs only for the graph fields."""
+    out: list[tuple[str, Any]] = [
+        (
+            f,
+            models.KeywordIndexParams(
+                type=models.KeywordIndexType.KEYWORD,
+                is_tenant=True if f in tuning.tenant_fields else None,
+                enable_hnsw=tuning.builds_graph(f),
+            ),
+        )
+        for f in KEYWORD_FIELDS
+    ]
+    out += [
+        (
+            f,
+            models.FloatIndexParams(
+                type=models.FloatIndexType.FLOAT, enable_hnsw=tuning.builds_graph(f)
+            ),
+        )
+        for f in FLOAT_FIELDS
+    ]
+    out += [
+        (
+            f,
+            models.IntegerIndexParams(
+                type=models.IntegerIndexType.INTEGER,
+                lookup=True,
+                range=True,
+                enable_hnsw=tuning.builds_graph(f),
+            ),
+        )
+        for f in INTEGER_FIELDS
+    ]
+    return out
+
+
 class QdrantClientIndex:
     """:class:`~memstream.projections.memory_index.port.IndexBackend` on ``qdrant-client``.
 
@@ -72,8 +111,9 @@ class QdrantClientIndex:
     Transport failures become ``RetryableInfraError``.
     """
 
-    def __init__(self, client: AsyncQdrantClient) -> None:
+    def __init__(self, client: AsyncQdrantClient, tuning: IndexTuning = TUNING) -> None:
         self._client = client
+        self.tuning = tuning
         self._known: dict[str, int] = {}
 
     @classmethod
@@ -116,13 +156,14 @@ class QdrantClientIndex:
                     sparse_vectors_config={
                         SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)
                     },
+                    hnsw_config=models.HnswConfigDiff(
+                        m=self.tuning.m,
+                        ef_construct=self.tuning.ef_construct,
+                        payload_m=self.tuning.payload_m,
+                        full_scan_threshold=self.tuning.full_scan_kb,
+                    ),
                 )
-                schema = (
-                    [(f, models.PayloadSchemaType.KEYWORD) for f in KEYWORD_FIELDS]
-                    + [(f, models.PayloadSchemaType.FLOAT) for f in FLOAT_FIELDS]
-                    + [(f, models.PayloadSchemaType.INTEGER) for f in INTEGER_FIELDS]
-                )
-                for field, kind in schema:
+                for field, kind in field_schemas(self.tuning):
                     await self._client.create_payload_index(name, field, field_schema=kind)
         except PermanentInfraError:
             raise
@@ -197,7 +238,18 @@ class QdrantClientIndex:
         if not await self._exists(name):
             return []
         flt = scope_filter(scope)
-        prefetch = [models.Prefetch(query=dense, using=DENSE, limit=prefetch_limit, filter=flt)]
+        t = self.tuning
+        params = models.SearchParams(
+            hnsw_ef=t.hnsw_ef,
+            acorn=models.AcornSearchParams(enable=True, max_selectivity=t.acorn_max_selectivity)
+            if t.acorn_max_selectivity is not None
+            else None,
+        )
+        prefetch = [
+            models.Prefetch(
+                query=dense, using=DENSE, limit=prefetch_limit, filter=flt, params=params
+            )
+        ]
         if sparse.indices:
             prefetch.append(
                 models.Prefetch(

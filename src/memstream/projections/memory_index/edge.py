@@ -16,25 +16,31 @@ from pathlib import Path
 from typing import Any
 
 from qdrant_edge import (
+    AcornSearchParams,
     CountRequest,
     Distance,
     EdgeConfig,
+    EdgeOptimizersConfig,
     EdgeShard,
     EdgeSparseVectorParams,
     EdgeVectorParams,
     FieldCondition,
     Filter,
+    FloatIndexParams,
     Fusion,
     HasIdCondition,
+    HnswIndexConfig,
+    IntegerIndexParams,
     IsEmptyCondition,
+    KeywordIndexParams,
     MatchValue,
     Modifier,
-    PayloadSchemaType,
     Point,
     Prefetch,
     Query,
     QueryRequest,
     RangeFloat,
+    SearchParams,
     SparseVector,
     UpdateOperation,
 )
@@ -51,6 +57,7 @@ from memstream.projections.memory_index.layout import (
     identity_from_payload,
 )
 from memstream.projections.memory_index.port import IndexPoint, SparseVec
+from memstream.projections.memory_index.tuning import TUNING, IndexTuning
 
 _TRASH_PREFIX = ".dropped-"
 """Directory prefix of dropped collections awaiting deletion (collection names start with
@@ -85,11 +92,110 @@ def scope_filter(scope: RecallScope) -> Filter:
     return Filter(must=must)
 
 
+def hybrid_request(
+    dense: list[float],
+    sparse: SparseVec,
+    scope: RecallScope,
+    limit: int,
+    prefetch_limit: int,
+    *,
+    hnsw_ef: int | None = None,
+    acorn_max_selectivity: float | None = None,
+    exact: bool = False,
+) -> QueryRequest:
+    """The recall query: dense and BM25 prefetches under the scope filter, fused by DBSF.
+
+    ``hnsw_ef`` sets the dense walk's candidate list, ``acorn_max_selectivity`` when it
+    uses ACORN (see ``IndexTuning``); ``exact`` scores every filtered point instead (what the bench and tests compare the approximate search with).
+    """
+    flt = scope_filter(scope)
+    acorn = (
+        AcornSearchParams(enable=True, max_selectivity=acorn_max_selectivity)
+        if acorn_max_selectivity is not None
+        else None
+    )
+    params = SearchParams(hnsw_ef=hnsw_ef, exact=exact, acorn=acorn)
+    prefetches = [
+        Prefetch(
+            limit=prefetch_limit,
+            query=Query.Nearest(dense, using=DENSE),
+            filter=flt,
+            params=params,
+        )
+    ]
+    if sparse.indices:
+        prefetches.append(
+            Prefetch(
+                limit=prefetch_limit,
+                query=Query.Nearest(SparseVector(sparse.indices, sparse.values), using=SPARSE),
+                filter=flt,
+                params=SearchParams(exact=True) if exact else None,
+            )
+        )
+    return QueryRequest(
+        limit=limit,
+        prefetches=prefetches,
+        query=Fusion.Dbsf(),  # type: ignore[arg-type]  # stub lists Fusion, not Dbsf
+        filter=flt,
+        with_payload=True,
+    )
+
+
+def edge_config(dimensions: int, tuning: IndexTuning) -> EdgeConfig:
+    """A collection's configuration: named dense (cosine) and BM25 (IDF) vectors, and the
+    HNSW graph and indexing threshold of ``tuning``."""
+    optimizers = (
+        EdgeOptimizersConfig(indexing_threshold=tuning.indexing_threshold_kb)
+        if tuning.indexing_threshold_kb is not None
+        else None
+    )
+    return EdgeConfig(
+        optimizers=optimizers,
+        vectors={DENSE: EdgeVectorParams(size=dimensions, distance=Distance.Cosine)},
+        sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+        hnsw_config=HnswIndexConfig(
+            m=tuning.m,
+            ef_construct=tuning.ef_construct,
+            full_scan_threshold=tuning.full_scan_kb,
+            payload_m=tuning.payload_m,
+        ),
+    )
+
+
+def field_indexes(tuning: IndexTuning) -> list[UpdateOperation]:
+    """One payload index per filter field (keyword, float, integer; ``is_tenant`` on the
+    tenant fields; per-value graphs only for ``tuning``'s graph fields). Created before any
+    point, so the optimizer builds the per-value graphs a filtered search walks."""
+    ops = []
+    for f in KEYWORD_FIELDS:
+        params: Any = KeywordIndexParams(
+            is_tenant=True if f in tuning.tenant_fields else None,
+            enable_hnsw=tuning.builds_graph(f),
+        )
+        ops.append(UpdateOperation.create_field_index(f, params))
+    for f in FLOAT_FIELDS:
+        ops.append(
+            UpdateOperation.create_field_index(
+                f, FloatIndexParams(enable_hnsw=tuning.builds_graph(f))
+            )
+        )
+    for f in INTEGER_FIELDS:
+        ops.append(
+            UpdateOperation.create_field_index(
+                f, IntegerIndexParams(lookup=True, range=True, enable_hnsw=tuning.builds_graph(f))
+            )
+        )
+    return ops
+
+
 class EdgeIndex:
     """:class:`~memstream.projections.memory_index.port.IndexBackend` on qdrant-edge."""
 
-    def __init__(self, base_dir: Path | str) -> None:
+    def __init__(self, base_dir: Path | str, tuning: IndexTuning = TUNING) -> None:
         self._base = Path(base_dir)
+        self.tuning = tuning
+        # collections re-tuned on open whose HNSW graph is still the old one
+        self.pending_rebuild: set[str] = set()
         self._shards: dict[str, EdgeShard] = {}
         self._dims: dict[str, int] = {}
         self._open_lock = threading.Lock()
@@ -114,26 +220,17 @@ class EdgeIndex:
             path = self._path(name)
             if path.exists() and any(path.iterdir()):
                 shard = EdgeShard.load(str(path))
-                cfg_size = self._stored_size(shard)
+                cfg_size = self._stored_size(shard) or dimensions
+                if cfg_size is not None and not self._tuned(shard):
+                    shard = self._retune(shard, path, cfg_size)
+                    self.pending_rebuild.add(name)
             elif dimensions is None:
                 return None
             else:
                 path.mkdir(parents=True, exist_ok=True)
-                shard = EdgeShard.create(
-                    str(path),
-                    EdgeConfig(
-                        vectors={
-                            DENSE: EdgeVectorParams(size=dimensions, distance=Distance.Cosine)
-                        },
-                        sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
-                    ),
-                )
-                for f in KEYWORD_FIELDS:
-                    shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Keyword))
-                for f in FLOAT_FIELDS:
-                    shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Float))
-                for f in INTEGER_FIELDS:
-                    shard.update(UpdateOperation.create_field_index(f, PayloadSchemaType.Integer))
+                shard = EdgeShard.create(str(path), edge_config(dimensions, self.tuning))
+                for op in field_indexes(self.tuning):
+                    shard.update(op)
                 cfg_size = dimensions
             if dimensions is not None and cfg_size is not None and cfg_size != dimensions:
                 shard.close()
@@ -145,6 +242,23 @@ class EdgeIndex:
             if cfg_size is not None:
                 self._dims[name] = cfg_size
             return shard
+
+    def _tuned(self, shard: EdgeShard) -> bool:
+        """Whether a stored collection has this tuning's payload indexes (the marker: the
+        ``is_tenant`` flag of ``agent_id``)."""
+        info = shard.info().payload_schema.get("agent_id")
+        tenant = bool(getattr(info.params, "is_tenant", None)) if info is not None else False
+        return tenant == ("agent_id" in self.tuning.tenant_fields)
+
+    def _retune(self, shard: EdgeShard, path: Path, size: int) -> EdgeShard:
+        """Bring a collection built with another tuning to this one: payload indexes
+        re-created, HNSW configuration rewritten. The graph itself is rebuilt by the next
+        ``optimize()`` (``MemoryIndex.maintain`` runs it for ``pending_rebuild``)."""
+        for op in field_indexes(self.tuning):
+            shard.update(op)
+        shard.flush()
+        shard.close()
+        return EdgeShard.load(str(path), edge_config(size, self.tuning))
 
     @staticmethod
     def _stored_size(shard: EdgeShard) -> int | None:
@@ -213,7 +327,7 @@ class EdgeIndex:
             await asyncio.to_thread(self._delete_blocking, name, deletes)
 
     # --- reads -----------------------------------------------------------------------------
-    def _query_blocking(
+    def query_blocking(
         self,
         name: str,
         dense: list[float],
@@ -221,29 +335,25 @@ class EdgeIndex:
         scope: RecallScope,
         limit: int,
         prefetch_limit: int,
+        *,
+        exact: bool = False,
     ) -> list[tuple[PointIdentity, float]]:
+        """The hybrid query, in the calling thread. ``exact`` scores every point the filter
+        lets through instead of walking the HNSW graph: the reference the approximate search
+        is measured against (bench/recall_scale.py, tests)."""
         shard = self._open(name, None)
         if shard is None:
             return []
-        flt = scope_filter(scope)
-        prefetches = [
-            Prefetch(limit=prefetch_limit, query=Query.Nearest(dense, using=DENSE), filter=flt)
-        ]
-        if sparse.indices:
-            prefetches.append(
-                Prefetch(
-                    limit=prefetch_limit,
-                    query=Query.Nearest(SparseVector(sparse.indices, sparse.values), using=SPARSE),
-                    filter=flt,
-                )
-            )
         hits = shard.query(
-            QueryRequest(
-                limit=limit,
-                prefetches=prefetches,
-                query=Fusion.Dbsf(),  # type: ignore[arg-type]  # stub lists Fusion, not Dbsf
-                filter=flt,
-                with_payload=True,
+            hybrid_request(
+                dense,
+                sparse,
+                scope,
+                limit,
+                prefetch_limit,
+                hnsw_ef=self.tuning.hnsw_ef,
+                acorn_max_selectivity=self.tuning.acorn_max_selectivity,
+                exact=exact,
             )
         )
         return [(identity_from_payload(h.payload or {}), float(h.score)) for h in hits]
@@ -258,7 +368,7 @@ class EdgeIndex:
         prefetch_limit: int,
     ) -> list[tuple[PointIdentity, float]]:
         return await asyncio.to_thread(
-            self._query_blocking, name, dense, sparse, scope, limit, prefetch_limit
+            self.query_blocking, name, dense, sparse, scope, limit, prefetch_limit
         )
 
     def _versions_blocking(self, name: str, point_ids: list[str]) -> dict[str, int]:
@@ -306,12 +416,19 @@ class EdgeIndex:
         are deleted when the next ``EdgeIndex`` opens the directory)."""
         await asyncio.to_thread(self._drop_blocking, name)
 
-    def optimize(self, name: str) -> None:
+    def optimize(self, name: str) -> bool:
         """Build HNSW for a collection (blocking, can take minutes at high dimensions):
-        for benches and maintenance, never on the hot path."""
+        for benches and maintenance, never on the hot path. True if segments were rebuilt."""
         shard = self._open(name, None)
-        if shard is not None:
-            shard.optimize()
+        built = bool(shard.optimize()) if shard is not None else False
+        self.pending_rebuild.discard(name)
+        return built
+
+    def info(self, name: str) -> Any:
+        """Segments, points, indexed vectors and payload indexes of a collection (``None``
+        if it does not exist): how a bench or test checks that HNSW was really built."""
+        shard = self._open(name, None)
+        return None if shard is None else shard.info()
 
     def _close_blocking(self) -> None:
         with self._open_lock:

@@ -107,7 +107,8 @@ class MemoryIndex:
 
     async def maintain(self, min_new_points: int = 1_000) -> list[str]:
         """Build the HNSW graph of collections that took at least ``min_new_points`` writes
-        since their last build, off the event loop; returns the collections optimized.
+        since their last build, or that were re-tuned when opened (their graph predates
+        the index's tuning), off the event loop; returns the collections optimized.
 
         qdrant-edge searches by brute force until ``optimize()`` runs (about 10 ms per query
         at 10k 384-d points, under 1 ms after), and never runs it by itself; a Qdrant server
@@ -119,8 +120,11 @@ class MemoryIndex:
             self._written_since_optimize.clear()
             return []
         done = []
+        pending: set[str] = set(getattr(self.backend, "pending_rebuild", ()))
+        for name in pending:
+            self._written_since_optimize.setdefault(name, 0)
         for name, count in list(self._written_since_optimize.items()):
-            if count < min_new_points:
+            if count < min_new_points and name not in pending:
                 continue
             self._written_since_optimize[name] = 0
             await asyncio.to_thread(optimize, name)

@@ -1,0 +1,95 @@
+"""How the memory index's approximate search is built and searched. Pure: no I/O.
+
+The values of :data:`TUNING` were chosen by ``bench/recall_scale.py`` (docs/recall-index.md,
+"Recall at scale"); :data:`LEGACY` is what collections were built with before, kept so the
+bench can measure both in one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class IndexTuning:
+    """HNSW build and search parameters of one collection.
+
+    - ``m``, ``ef_construct``: the HNSW graph (edges per node, build-time candidates).
+    - ``payload_m``: edges per node of the extra per-value graphs Qdrant builds for indexed
+      keyword fields (``None``: same as ``m``). These are what keep a filtered search on the
+      graph: a filter on ``agent_id`` walks that agent's own links.
+    - ``full_scan_kb``: below this many kilobytes of vectors matching the filter (estimated
+      from the payload indexes), Qdrant scores the filtered points exactly instead of walking
+      the graph; also the size under which no per-value graph is built. In KB of float32
+      vectors: 1,536 B per 384-d vector, 6 KB per 1,536-d one.
+    - ``hnsw_ef``: candidates kept while walking the graph for the dense prefetch (``None``:
+      Qdrant's default, ``ef_construct``, no fewer than the prefetch limit).
+    - ``tenant_fields``: keyword fields indexed with ``is_tenant`` (points stored grouped by
+      that value, and the query planner knows the field partitions the data).
+    - ``graph_fields``: the payload fields Qdrant builds per-value graphs for (``None``:
+      every indexed field, Qdrant's default). Each one costs a graph build per value larger
+      than ``full_scan_kb``; a field that never narrows a search (one value per collection,
+      a unique key) only costs.
+    - ``acorn_max_selectivity``: use ACORN (the walk also steps through neighbours of points
+      the filter rejects) when the filter keeps at most this share of the segment's points
+      (``None``: never; 1.0: always). It reaches a point whose graph neighbours are all
+      filtered out, e.g. an entry whose exact duplicates are other users' private copies.
+    - ``indexing_threshold_kb``: a segment holding more vectors than this is given an HNSW
+      graph by ``optimize()`` (``None``: Qdrant's default, 10,000 KB ≈ 6,700 vectors at
+      384-d); tests lower it to build graphs on small data.
+    """
+
+    m: int
+    ef_construct: int
+    payload_m: int | None
+    full_scan_kb: int
+    hnsw_ef: int | None
+    tenant_fields: tuple[str, ...]
+    graph_fields: tuple[str, ...] | None = None
+    indexing_threshold_kb: int | None = None
+    acorn_max_selectivity: float | None = None
+
+    def builds_graph(self, field: str) -> bool:
+        return self.graph_fields is None or field in self.graph_fields
+
+    def __post_init__(self) -> None:
+        if self.m < 0 or self.ef_construct < 4 or self.full_scan_kb < 0:
+            raise ValueError(f"invalid index tuning: {self}")
+        if self.hnsw_ef is not None and self.hnsw_ef < 1:
+            raise ValueError(f"invalid index tuning: hnsw_ef={self.hnsw_ef}")
+
+
+LEGACY: Final = IndexTuning(
+    m=16,
+    ef_construct=100,
+    payload_m=None,
+    full_scan_kb=10_000,
+    hnsw_ef=None,
+    tenant_fields=(),
+)
+"""Qdrant's defaults: what every collection was built with before bench/recall_scale.py."""
+
+TUNING: Final = IndexTuning(
+    m=0,
+    ef_construct=100,
+    payload_m=16,
+    full_scan_kb=10_000,
+    hnsw_ef=256,
+    tenant_fields=("agent_id",),
+    graph_fields=("agent_id",),
+    acorn_max_selectivity=1.0,
+)
+"""One graph per agent, no collection-wide graph; a wider walk at search time.
+
+Every recall filters on one agent, so the graph it walks should hold that agent's points
+and no one else's: ``m = 0`` (no global graph) with ``payload_m = 16`` on ``agent_id`` builds
+exactly that, for each agent larger than ``full_scan_kb`` (≈6,700 entries at 384-d, ≈1,700
+at 1,536-d); smaller agents are scanned exactly through the payload index, which is both
+right and fast at that size. No other field gets per-value graphs (the account is the
+collection; visibility, owner, category and key never narrow enough to pay for a build).
+``hnsw_ef = 256`` keeps the 100-candidate dense prefetch close to exact, and ACORN (always)
+reaches entries whose graph neighbours the filter rejects: identical vectors are common in
+memory (the same fact stored privately by many users, an expired copy and its successor),
+and HNSW links a point to one of its duplicates rather than to all of them. Measured by
+bench/recall_scale.py against :data:`LEGACY` (docs/recall-index.md, "Recall at scale")."""
