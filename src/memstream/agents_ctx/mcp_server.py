@@ -27,8 +27,9 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Protocol
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -137,17 +138,34 @@ CategoryFilterArg = Annotated[
 ForgetKeyArg = Annotated[Any, _schema(_STR, "The key of the fact to delete.")]
 
 
+@contextlib.contextmanager
+def _root_logging_kept() -> Iterator[None]:
+    """Undo what a library does to the root logger meanwhile. ``MCPServer()`` calls
+    ``logging.basicConfig(level="INFO", handlers=[RichHandler(...)])``: in a process that
+    had not configured logging (a test, a bench, an application embedding ``create_app``)
+    every INFO line -- the access log's one per request included -- then went through rich
+    (~3 ms a line, 17% of the event loop in ``bench/http_append.py``)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
     """An MCP server with the three memory tools; ``tools_for`` gives each call's backend."""
-    server: MCPServer = MCPServer(
-        name="memstream",
-        version=__version__,
-        instructions=(
-            "Curated long-term memory for this agent. memory_store saves a durable fact "
-            "under a key, memory_recall finds facts relevant to a query, memory_forget "
-            "deletes a fact by key."
-        ),
-    )
+    with _root_logging_kept():
+        server: MCPServer = MCPServer(
+            name="memstream",
+            version=__version__,
+            instructions=(
+                "Curated long-term memory for this agent. memory_store saves a durable fact "
+                "under a key, memory_recall finds facts relevant to a query, memory_forget "
+                "deletes a fact by key."
+            ),
+        )
 
     @server.tool(
         name="memory_store",
