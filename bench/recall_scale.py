@@ -3,7 +3,7 @@
 Run: ``python bench/recall_scale.py [--sizes 10000 100000] [--configs before after]``.
 
 One collection (one account) holds the measured agent ``a0`` with N entries and, beside it,
-``--agents`` other agents sharing N more. ``a0`` holds ``--targets`` facts with a question
+``--agents`` other agents sharing N more (``--others``). ``a0`` holds ``--targets`` facts with a question
 each (tests/fixtures/recall_facts.py: paraphrased questions among many similar facts), the rest
 distractors; 10 % of every agent's entries are private to one of five users. Every target
 also has decoys with the *same* vector and text that the filter must drop: a private copy
@@ -115,7 +115,12 @@ class Entry:
 
 
 def build_entries(
-    n: int, n_other_agents: int, targets: list[Target], pool_size: int, rng: random.Random
+    n: int,
+    n_other_agents: int,
+    n_others: int,
+    targets: list[Target],
+    pool_size: int,
+    rng: random.Random,
 ) -> tuple[list[Entry], list[tuple[int, int, float]]]:
     """Entries of the collection, and the mixtures (row a, row b, weight) to compute; rows
     below ``len(targets)`` are target facts, then the real pool, then mixtures."""
@@ -144,7 +149,7 @@ def build_entries(
             entries.append(Entry(f"decoy-expired-{i}", AGENT, "", "", i, NOW.timestamp() - 60))
     for i in range(n - t):
         entries.append(Entry(f"d{i}", AGENT, owner(), "", vector_for(i)))
-    for i in range(n):
+    for i in range(n_others):
         # other agents draw from the same facts (an account's agents learn similar things)
         j = rng.randrange(0, max(1, n - t))
         row = vector_for(j) if j >= pool_size else t + j
@@ -330,6 +335,9 @@ async def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000])
     ap.add_argument("--configs", nargs="+", default=["before", "after"], choices=sorted(CONFIGS))
     ap.add_argument("--agents", type=int, default=20, help="other agents in the collection")
+    ap.add_argument(
+        "--others", type=int, default=None, help="entries of the other agents (default: N)"
+    )
     ap.add_argument("--targets", type=int, default=300)
     ap.add_argument("--pool", type=int, default=20_000, help="real (embedded) distractors")
     ap.add_argument("--prefetch", type=int, default=100)
@@ -347,7 +355,8 @@ async def main() -> None:
     summary: dict[tuple[int, str], dict[str, float]] = {}
     for n in args.sizes:
         rng = random.Random(n)
-        entries, mixes = build_entries(n, args.agents, targets, len(pool), rng)
+        others = n if args.others is None else args.others
+        entries, mixes = build_entries(n, args.agents, others, targets, len(pool), rng)
         if mixes:
             a = base_vecs[[m[0] for m in mixes]]
             b = base_vecs[[m[1] for m in mixes]]
