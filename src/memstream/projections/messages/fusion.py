@@ -36,6 +36,19 @@ def idf(n_docs: float, df: float) -> float:
     return math.log(1 + (n_docs - df + 0.5) / (df + 0.5))
 
 
+def bm25(
+    tfs: Sequence[int], dfs: Sequence[float], n_docs: float, length: int, avg_len: float,
+    k1: float, b: float,
+) -> float:
+    """BM25 of one message, the formula of :func:`~.sql.search_sql` (for the dense side's
+    candidates that BM25's best did not include; without the proximity bonus)."""
+    norm = k1 * (1 - b + b * length / max(avg_len, 1.0))
+    return math.fsum(
+        idf(n_docs, df) * tf * (k1 + 1) / (tf + norm) for tf, df in zip(tfs, dfs, strict=True)
+        if tf
+    )
+
+
 def query_weight(n_docs: float, dfs: Sequence[float]) -> float:
     """The query's total term weight: the sum of its terms' idf (a term in no message has
     the highest idf, so a query of unknown words weighs most)."""

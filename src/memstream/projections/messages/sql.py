@@ -191,10 +191,7 @@ SETTINGS optimize_functions_to_subcolumns = 1"""
 
 
 def search_sql(
-    database: str,
-    spec: SearchSpec,
-    stats: tuple[float, float] = (0.0, 1.0),
-    keep: Sequence[tuple[str, int]] = (),
+    database: str, spec: SearchSpec, stats: tuple[float, float] = (0.0, 1.0)
 ) -> tuple[str, dict[str, SqlParam]]:
     """The ranked search. Rows: thread_id, message_id, offset, role, content, created_at
     (epoch ms), relevance, then the score parts (bm25, proximity, per-term tf and df, message
@@ -207,21 +204,10 @@ def search_sql(
     collection size and average length are the agent's (``stats``, from
     :func:`collection_stats_sql`, cached by the store: all its messages, private threads
     included as counts only -- no text of theirs is read or returned).
-
-    ``keep``: (thread, offset) keys (the dense side's best) returned with their BM25 score
-    whatever their rank, on top of the best ``spec.limit`` (so the fusion sees both scores
-    of every candidate); a key that shares no term is not returned (its BM25 is 0).
     """
     db = check_database(database)
     thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
     tenant = "account_id = {account_id:String} AND agent_id = {agent_id:String}"
-    kept_column = kept_first = ""
-    if keep:
-        kept_column = (
-            ",\n                       has(arrayZip({keep_threads:Array(String)}, "
-            "{keep_offsets:Array(UInt64)}), (thread_id, `offset`)) AS kept"
-        )
-        kept_first = "kept DESC, "
     sql = f"""WITH {{n_docs:Float64}} AS n_docs, greatest({{avg_len:Float64}}, 1.0) AS avg_len
 SELECT thread_id, message_id, `offset`, role, content, created_ms, relevance,
        bm25, proximity, tf, df, doc_len, avg_len, n_docs
@@ -246,7 +232,7 @@ FROM (
                        toUnixTimestamp64Milli(created_at) AS created_ms,
                        length(terms) AS doc_len,
                        arrayMap(t -> countEqual(terms, t), {{terms:Array(String)}}) AS tf,
-                       arrayMap(n -> toUInt64(n > 0), tf) AS tf_hit{kept_column}
+                       arrayMap(n -> toUInt64(n > 0), tf) AS tf_hit
                 FROM {db}.messages
                 WHERE {tenant}
                   {thread_filter}
@@ -255,11 +241,11 @@ FROM (
                 LIMIT 1 BY thread_id, `offset`
             )
         )
-        ORDER BY {kept_first}bm25 DESC, created_ms DESC, `offset` DESC, thread_id
+        ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
         LIMIT {{rerank:UInt32}}
     )
 )
-ORDER BY {kept_first}relevance DESC, created_ms DESC, `offset` DESC, thread_id
+ORDER BY relevance DESC, created_ms DESC, `offset` DESC, thread_id
 LIMIT {{limit:UInt32}}
 SETTINGS {SEARCH_SETTINGS}"""
     words = list(spec.words)
@@ -272,12 +258,9 @@ SETTINGS {SEARCH_SETTINGS}"""
         "avg_len": str(stats[1]),
         "pair_a": words[:-1],
         "pair_b": words[1:],
-        "limit": spec.limit + len(keep),
-        "rerank": max(RERANK_WINDOW, spec.limit) + len(keep),
+        "limit": spec.limit,
+        "rerank": max(RERANK_WINDOW, spec.limit),
     }
-    if keep:
-        params["keep_threads"] = [k[0] for k in keep]
-        params["keep_offsets"] = [k[1] for k in keep]
     if spec.thread_id is not None:
         params["thread_id"] = spec.thread_id
     return sql, params
@@ -289,12 +272,19 @@ messages to the fusion (:mod:`memstream.projections.messages.fusion`)."""
 
 
 def dense_sql(
-    database: str, spec: SearchSpec, vector: Sequence[float], model: str, k: int
+    database: str,
+    spec: SearchSpec,
+    vector: Sequence[float],
+    model: str,
+    k: int,
+    keys: Sequence[tuple[str, int]] = (),
 ) -> tuple[str, dict[str, SqlParam]]:
     """The dense side: the ``k`` visible messages whose vector (of ``model``) is most similar
     (cosine) to the query's, with the same tenant, thread-scope and privacy filters as
-    :func:`search_sql`, inside the query. Rows: thread_id, offset, similarity. One row per
-    (thread, offset) even before merges (a replayed vector is identical)."""
+    :func:`search_sql`, inside the query, plus the similarity of the messages at ``keys``
+    (BM25's candidates) that have a vector, in the same scan. Rows: thread_id, offset,
+    similarity. One row per (thread, offset) even before merges (a replayed vector is
+    identical)."""
     db = check_database(database)
     thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
     sql = f"""SELECT thread_id, `offset`, 1 - cosineDistance(vec, {{vector:Array(Float32)}}) AS sim
@@ -303,7 +293,9 @@ WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
   {thread_filter}
   AND model = {{model:String}}
   AND {_visible_threads_filter(db, spec.thread_id is not None)}
-ORDER BY sim DESC, thread_id, `offset`
+ORDER BY has(arrayZip({{key_threads:Array(String)}}, {{key_offsets:Array(UInt64)}}),
+              (thread_id, `offset`)) DESC,
+         sim DESC, thread_id, `offset`
 LIMIT 1 BY thread_id, `offset`
 LIMIT {{k:UInt32}}
 SETTINGS {SEARCH_SETTINGS}"""
@@ -313,26 +305,13 @@ SETTINGS {SEARCH_SETTINGS}"""
         "user_id": spec.user_id or "",
         "vector": [float(x) for x in vector],
         "model": model,
-        "k": k,
+        "k": k + len(keys),
+        "key_threads": [t for t, _ in keys],
+        "key_offsets": [o for _, o in keys],
     }
     if spec.thread_id is not None:
         params["thread_id"] = spec.thread_id
     return sql, params
-
-
-def dense_at_keys_sql(database: str) -> str:
-    """The similarity to the query vector of the messages at the keys ``(thread_ids[i],
-    offsets[i])`` that have a vector of ``model``: rows thread_id, offset, similarity (params:
-    account_id, agent_id, model, vector, thread_ids, offsets). For BM25's candidates outside
-    the dense side's best; the keys come from a filtered query."""
-    db = check_database(database)
-    return f"""SELECT thread_id, `offset`, 1 - cosineDistance(vec, {{vector:Array(Float32)}}) AS sim
-FROM {db}.message_vectors
-WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
-  AND model = {{model:String}}
-  AND thread_id IN {{thread_ids:Array(String)}}
-  AND has(arrayZip({{thread_ids:Array(String)}}, {{offsets:Array(UInt64)}}), (thread_id, `offset`))
-LIMIT 1 BY thread_id, `offset`"""
 
 
 def messages_by_key_sql(database: str) -> str:
@@ -342,7 +321,7 @@ def messages_by_key_sql(database: str) -> str:
     thread_ids, offsets)."""
     db = check_database(database)
     return f"""SELECT thread_id, message_id, `offset`, role, content,
-       toUnixTimestamp64Milli(created_at) AS created_ms, length(terms)
+       toUnixTimestamp64Milli(created_at) AS created_ms, terms
 FROM {db}.messages
 WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
   AND thread_id IN {{thread_ids:Array(String)}}

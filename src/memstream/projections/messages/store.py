@@ -21,6 +21,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ from memstream.errors import PermanentInfraError, RetryableInfraError
 from memstream.infra.embeddings import Embedder
 from memstream.projections.erased import ErasedThreads
 from memstream.projections.messages.engine import ClickHouseEngine
+from memstream.projections.messages.fusion import bm25 as bm25_of
 from memstream.projections.messages.fusion import coverage, fuse, query_weight
 from memstream.projections.messages.rows import (
     MessageRow,
@@ -44,6 +46,8 @@ from memstream.projections.messages.rows import (
     thread_users_table,
 )
 from memstream.projections.messages.sql import (
+    BM25_B,
+    BM25_K1,
     DEFAULT_DATABASE,
     DENSE_WINDOW,
     JOURNAL_BATCH_FORMAT,
@@ -54,7 +58,6 @@ from memstream.projections.messages.sql import (
     collection_stats_sql,
     count_sql,
     ddl,
-    dense_at_keys_sql,
     dense_sql,
     erase_thread_sql,
     has_terms_sql,
@@ -208,29 +211,30 @@ class MessageStore:
     async def search(self, spec: SearchSpec) -> list[SearchHit]:
         if self.embedder is None or not spec.text.strip():
             return await self.lexical_search(spec)
-        (vector,) = await self.embedder.embed_query([spec.text])
-        model = self.embedder.model
-        sql, params = dense_sql(self.database, spec, vector, model, DENSE_WINDOW)
+        # the query vector is computed while ClickHouse runs BM25 (both off the loop)
+        embedded, lexical = await asyncio.gather(
+            self.embedder.embed_query([spec.text]),
+            self.lexical_search(replace(spec, limit=max(spec.limit, DENSE_WINDOW), explain=True)),
+        )
+        vector, model = embedded[0], self.embedder.model
+        # one scan: the dense side's best, and the similarity of BM25's candidates
+        sql, params = dense_sql(
+            self.database, spec, vector, model, DENSE_WINDOW,
+            [(h.thread_id, h.offset) for h in lexical],
+        )
         dense = {
             (str(t), int(str(o))): float(str(sim))
             for t, o, sim in await self.engine.rows(sql, params)
         }
-        # BM25's best plus the BM25 score of the dense side's best, then the similarity of
-        # BM25's candidates the dense side did not bring: every candidate has both scores
-        lexical = await self.lexical_search(
-            replace(spec, limit=max(spec.limit, DENSE_WINDOW), explain=True), keep=list(dense)
-        )
-        others = [(h.thread_id, h.offset) for h in lexical if (h.thread_id, h.offset) not in dense]
-        if others:
-            dense.update(await self._similarities(spec, vector, model, others))
         by_key = {(h.thread_id, h.offset): h for h in lexical}
         weight = _query_weight(lexical)
-        bm25 = {k: coverage(h.relevance, weight) for k, h in by_key.items()}
-        bm25.update({k: 0.0 for k in dense if k not in bm25})  # no query term: BM25 0
-        fused = fuse(bm25, dense)
-        missing = [f.key for f in fused if f.key not in by_key]
-        if missing:
-            by_key.update(await self._hits_at(spec, missing))
+        scores = {k: coverage(h.relevance, weight) for k, h in by_key.items()}
+        missing = [k for k in dense if k not in by_key]
+        if missing:  # the dense side's other candidates: their BM25, computed here
+            others = await self._hits_at(spec, missing, lexical[0].explain if lexical else None)
+            by_key.update(others)
+            scores.update({k: coverage(h.relevance, weight) for k, h in others.items()})
+        fused = fuse(scores, dense)
         out: list[SearchHit] = []
         seen: set[tuple[str, str]] = set()
         for f in fused:
@@ -257,25 +261,15 @@ class MessageStore:
                 break
         return out
 
-    async def _similarities(
-        self, spec: SearchSpec, vector: Sequence[float], model: str, keys: list[tuple[str, int]]
-    ) -> dict[tuple[str, int], float]:
-        rows = await self.engine.rows(
-            dense_at_keys_sql(self.database),
-            {
-                "account_id": spec.account_id,
-                "agent_id": spec.agent_id,
-                "model": model,
-                "vector": [float(x) for x in vector],
-                "thread_ids": [k[0] for k in keys],
-                "offsets": [k[1] for k in keys],
-            },
-        )
-        return {(str(t), int(str(o))): float(str(sim)) for t, o, sim in rows}
-
     async def _hits_at(
-        self, spec: SearchSpec, keys: Sequence[tuple[str, int]]
+        self,
+        spec: SearchSpec,
+        keys: Sequence[tuple[str, int]],
+        stats: dict[str, object] | None,
     ) -> dict[tuple[str, int], SearchHit]:
+        """The messages at ``keys``, each with its BM25 (relevance) computed from the
+        query's term statistics ``stats`` (a BM25 hit's explain parts; None: no visible
+        message holds a query term, so every BM25 is 0)."""
         rows = await self.engine.rows(
             messages_by_key_sql(self.database),
             {
@@ -286,7 +280,22 @@ class MessageStore:
             },
         )
         out = {}
-        for thread_id, message_id, offset, role, content, created_ms, length in rows:
+        for thread_id, message_id, offset, role, content, created_ms, stored_terms in rows:
+            terms = _strings(stored_terms)
+            tfs = [terms.count(w) for w in spec.words]
+            score = 0.0
+            if stats is not None:
+                per_term = stats["terms"]
+                assert isinstance(per_term, dict)
+                score = bm25_of(
+                    tfs,
+                    [float(per_term[w]["df"]) for w in spec.words],
+                    float(str(stats["messages"])),
+                    len(terms),
+                    float(str(stats["average_length"])),
+                    BM25_K1,
+                    BM25_B,
+                )
             hit = SearchHit(
                 thread_id=str(thread_id),
                 message_id=str(message_id),
@@ -294,19 +303,21 @@ class MessageStore:
                 role=str(role),
                 content=str(content),
                 created_at=datetime.fromtimestamp(int(str(created_ms)) / 1000, tz=UTC),
-                relevance=0.0,
-                explain={**_no_lexical_parts(), "length": int(str(length))},
+                relevance=score,
+                explain={
+                    **_no_lexical_parts(),
+                    "bm25": round(score, 6),
+                    "terms": {w: {"tf": tf} for w, tf in zip(spec.words, tfs, strict=True)},
+                    "length": len(terms),
+                },
             )
             out[(hit.thread_id, hit.offset)] = hit
         return out
 
-    async def lexical_search(
-        self, spec: SearchSpec, keep: Sequence[tuple[str, int]] = ()
-    ) -> list[SearchHit]:
-        """BM25 with the proximity bonus only (the whole search without a dense side); with
-        ``keep``, those keys too when they share a term (:func:`~.sql.search_sql`)."""
+    async def lexical_search(self, spec: SearchSpec) -> list[SearchHit]:
+        """BM25 with the proximity bonus only (the whole search without a dense side)."""
         stats = await self.collection_stats(spec.account_id, spec.agent_id)
-        sql, params = search_sql(self.database, spec, stats, keep)
+        sql, params = search_sql(self.database, spec, stats)
         out = []
         for (
             thread_id,
@@ -420,6 +431,13 @@ def _query_weight(hits: Sequence[SearchHit]) -> float:
 def _no_lexical_parts() -> dict[str, object]:
     """The BM25 parts of a message found by the dense side only."""
     return {"bm25": 0.0, "proximity": 0.0, "terms": {}}
+
+
+def _strings(value: object) -> list[str]:
+    """An Array(String) from the engine (a list) as strs."""
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    raise PermanentInfraError(f"expected an array of strings, got {type(value).__name__}")
 
 
 def _ints(value: object) -> list[int]:
