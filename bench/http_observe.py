@@ -102,7 +102,7 @@ async def main(requests: int, clients: int, rounds: int) -> None:
         clock=SystemClock(),
         metrics=Metrics(),
     )
-    services.health["journal"] = True
+    services.readiness.add_flag("journal", journal.problem)
     with_obs = create_app(services)
     without = create_app(services)
     without.user_middleware = [m for m in without.user_middleware if m.cls is not Observe]

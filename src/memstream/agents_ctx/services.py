@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from memstream.agents_ctx.access import ThreadAccess
 from memstream.clock import Clock, SystemClock
 from memstream.errors import InfraError
+from memstream.infra.readiness import Readiness
 from memstream.infra.supervisor import LoopStates
 
 if TYPE_CHECKING:
@@ -39,7 +40,9 @@ class Services:
     journal: Journal | None = None
     clock: Clock = field(default_factory=SystemClock)
     metrics: Metrics | None = None
-    health: dict[str, bool] = field(default_factory=dict)
+    #: what ``/healthz`` (readiness) checks: the composition root registers each part's
+    #: probes and flags (``infra.cli.health_wiring``); empty: ready
+    readiness: Readiness = field(default_factory=Readiness)
     #: supervised background loops of this process (``infra.supervisor``; console, ops)
     loops: LoopStates = field(default_factory=LoopStates)
     message_store: MessageStore | None = None  # transcript search (ClickHouse projection)

@@ -62,6 +62,20 @@ class Settings(BaseSettings):
         "stops opening the erased records within this time.",
     )
 
+    # --- embedded servers and readiness (memstream up) --------------------------------------
+    server_restart_tries: int = Field(
+        default=5,
+        ge=0,
+        description="Restarts of a dead embedded server (Postgres, Valkey, the broker) before "
+        "memstream up gives up on it (0: never restart).",
+    )
+    server_restart_max_backoff_s: float = Field(
+        default=15.0, gt=0, description="Longest wait before one restart try (0.5 s doubling)."
+    )
+    readiness_interval_s: float = Field(
+        default=1.0, gt=0, description="How often /healthz's probes run in the background."
+    )
+
     # --- postgres / redis -------------------------------------------------------------------
     postgres_dsn: SecretStr = Field(default=SecretStr(""), description="empty = embedded")
     redis_url: SecretStr = Field(default=SecretStr(""), description="empty = embedded")

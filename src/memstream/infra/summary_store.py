@@ -233,6 +233,13 @@ class SummaryStore:
         except RedisError as e:
             log.warning("summary cache write failed for %s: %s", ref.key, e)
 
+    async def ping(self) -> None:
+        """Raise unless the object store answers (a HEAD of a key that need not exist)."""
+        try:
+            await obstore.head_async(self._store, "readiness-probe")
+        except (NotFoundError, FileNotFoundError):
+            return
+
     # --- erasure -------------------------------------------------------------------------------
     async def erase(self, ref: ThreadRef) -> tuple[int, int]:
         """Delete every summary object of the thread (``summary.json`` and the versions) and

@@ -69,6 +69,15 @@ class LoopStates:
     def all_running(self) -> bool:
         return all(s.state == "running" for s in self._states.values())
 
+    def problem(self) -> str | None:
+        """``None`` when every loop runs; else the loops that do not, and why (readiness)."""
+        bad = [
+            f"{name} {s.state}" + (f" ({s.last_error})" if s.last_error else "")
+            for name, s in sorted(self._states.items())
+            if s.state != "running"
+        ]
+        return "; ".join(bad) if bad else None
+
 
 async def _run_supervised(
     name: str,

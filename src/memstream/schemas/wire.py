@@ -266,8 +266,32 @@ class ToolCallPage(BaseModel):
 
 
 class Health(BaseModel):
-    ok: bool
-    parts: dict[str, Any]
+    """``GET /healthz`` and ``/readyz``: readiness of each part this process runs (200 when
+    every part is ready, else 503 with this body). See docs/operations.md, "Readiness"."""
+
+    ok: bool = Field(description="every part is ready")
+    status: Literal["ready", "not_ready"]
+    failing: list[str] = Field(description="the parts that are not ready, by name")
+    parts: dict[str, bool] = Field(
+        description="each part (journal, postgres, redis, kafka, clickhouse, qdrant, "
+        "object_store, loops) and whether it is ready"
+    )
+    errors: dict[str, str] = Field(description="for each failing part, what is wrong")
+    loops: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="the background loops: state, restarts, last_error, since"
+    )
+    servers: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="memstream up's embedded servers: state (running, restarting, failed), "
+        "restarts, tries, last_error, port, pid",
+    )
+
+
+class Live(BaseModel):
+    """``GET /livez``: the process answers (liveness; no dependency is checked)."""
+
+    ok: Literal[True]
+    status: Literal["live"]
 
 
 # --- owning memory (docs/owning-memory.md) -----------------------------------------------------

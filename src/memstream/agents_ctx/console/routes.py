@@ -191,8 +191,12 @@ async def _overview_ctx(request: Request) -> dict[str, object]:
         backlog: dict[str, int] | None = await ops.relay_backlog()
     except Exception:
         backlog = None
+    ready = await svc.readiness.report()
     return {
-        "health": dict(sorted(svc.health.items())),
+        "health": ready["parts"],
+        "health_errors": ready["errors"],
+        "loops": ready.get("loops") or {},
+        "servers": ready.get("servers") or {},
         "procs": procs,
         "rates": st.history.events_per_s(),
         "backlog": backlog,

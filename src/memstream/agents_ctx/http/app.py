@@ -1,7 +1,9 @@
 """The FastAPI application factory: ``create_app(services)``.
 
-Routers are included here, one per area. ``/healthz`` is 200 only when every part the
-process runs is up (``services.health``); ``/metrics`` serves the one Prometheus registry.
+Routers are included here, one per area. ``/livez`` is liveness (the process answers);
+``/readyz`` and ``/healthz`` are readiness: 200 only when every part the process runs is
+usable now, else 503 naming the failing parts (``services.readiness``, see
+``infra/readiness.py``); ``/metrics`` serves the one Prometheus registry.
 Bodies over ``MAX_REQUEST_BYTES`` are refused with 413, chunked or not (``BodyLimit``).
 """
 
@@ -30,6 +32,7 @@ from memstream.agents_ctx.http.observe import Observe
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.mcp_http import McpEndpoint
 from memstream.agents_ctx.services import Services
+from memstream.errors import RETRY_AFTER_S
 from memstream.schemas import wire
 from memstream.schemas.limits import MAX_REQUEST_BYTES
 
@@ -48,13 +51,31 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BYTES)
     app.add_middleware(Observe, services=services)  # outermost: sees every answer
 
-    @app.get(
-        "/healthz", **contract.contract(answer=wire.Health, errors=(), other={503: wire.Health})
+    ready = contract.contract(answer=wire.Health, errors=(), other={503: wire.Health})
+
+    async def readiness() -> JSONResponse:
+        report = await services.readiness.report()
+        if report["ok"]:
+            return JSONResponse(report)
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+        return JSONResponse(report, status_code=503, headers=headers)
+
+    app.get(
+        "/healthz",
+        summary="Readiness (same as /readyz): every part usable, else 503 naming them",
+        **ready,
+    )(readiness)
+    app.get("/readyz", summary="Readiness: every part usable, else 503 naming them", **ready)(
+        readiness
     )
-    async def healthz() -> JSONResponse:
-        parts = dict(services.health)
-        ok = all(parts.values())
-        return JSONResponse({"ok": ok, "parts": parts}, status_code=200 if ok else 503)
+
+    @app.get(
+        "/livez",
+        summary="Liveness: the process answers (no dependency is checked)",
+        **contract.contract(answer=wire.Live, errors=()),
+    )
+    async def livez() -> JSONResponse:
+        return JSONResponse({"ok": True, "status": "live"})
 
     @app.get("/metrics")
     async def metrics() -> Response:

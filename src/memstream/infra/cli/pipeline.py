@@ -89,7 +89,6 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     summary_model, extractor = build_models(s)
     svc.summary_model = summary_model
     stack.fact_extractor = extractor
-    svc.health.update({"clickhouse": True, "qdrant": True, "object_store": True})
     from memstream.infra.cli.replay_wiring import attach_replay
 
     # current generations, replay hub, read-your-writes positions (shared through Redis)
@@ -260,7 +259,6 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
             stack.pool, bus, topics.memory, metrics=svc.metrics, keyring=svc.keyring
         )
         stoppers.append(supervise("outbox-relay", outbox.run, svc.loops))
-    svc.health["kafka"] = True
 
     names = ALL_PROCESSORS if stack.processors is None else tuple(stack.processors)
     if names:

@@ -37,7 +37,8 @@ from memstream.infra.cli.dir_lock import DataDirLock
 from memstream.infra.cli.pipeline import build_adapters, start_pipeline
 from memstream.infra.cli.state import clear_running, read_state, write_state
 from memstream.infra.embedded.base import EmbeddedServer, port_is_free
-from memstream.infra.embedded.kafka import embedded_broker
+from memstream.infra.embedded.kafka import TansuServer, embedded_broker
+from memstream.infra.embedded.keeper import Keepers, RestartPolicy
 from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.journal import Journal, JournalReader, open_journal, open_journal_reader
@@ -48,6 +49,16 @@ from memstream.infra.settings import Settings
 log = logging.getLogger(__name__)
 
 Stopper = Callable[[], Awaitable[None]]
+
+TANSU_WARNING = (
+    "WARNING: no Java 17+ and Maven found (or kafka_broker=tansu): memstream up runs the "
+    "Tansu broker, which keeps everything in memory. Topics, consumer offsets and dead "
+    "letters are lost whenever memstream or the broker restarts; the journal re-publishes "
+    "every topic at start and the processors re-apply it (idempotent), but dead letters "
+    "are gone for good, memory writes published and not yet indexed when it stops wait for "
+    "`memstream replay memory`, and there is no idempotent producer. Install Java 17+ and "
+    "Maven (or set MEMSTREAM_KAFKA_BOOTSTRAP) for a durable broker."
+)
 
 
 @dataclass
@@ -76,6 +87,12 @@ class Stack:
     _server: uvicorn.Server | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     dir_lock: DataDirLock | None = None
+    #: under ``memstream up``: restarts an embedded server that died (``embedded.keeper``)
+    keepers: Keepers | None = None
+
+    def on_stop(self, stopper: Stopper) -> None:
+        """Run ``stopper`` when the stack stops (before what was started earlier)."""
+        self._stoppers.append(stopper)
 
     # --- start ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,9 +139,6 @@ class Stack:
             from memstream.infra.data_keys import Keyring
 
             self.services.keyring = Keyring(self.pool, cache_s=s.data_key_cache_s)
-        self.services.health.update({"postgres": True, "redis": True})
-        if self.journal is not None:
-            self.services.health["journal"] = True
         self._stoppers.extend(await build_adapters(self))
         if self.pipeline or self.processors != []:
             self._stoppers.extend(await start_pipeline(self))
@@ -135,6 +149,13 @@ class Stack:
             self.services.erasures = erasures
             self._stoppers.append(erasures.close)
             await erasures.resume()  # finish erasures a crash interrupted
+        from memstream.infra.cli.health_wiring import wire_readiness
+
+        uses_kafka = self.pipeline or self.processors != []
+        readiness = wire_readiness(self, kafka=uses_kafka)
+        readiness.interval_s = s.readiness_interval_s
+        await readiness.start()
+        self._stoppers.append(readiness.stop)
         if self.api:
             from memstream.infra.cli.console_ops import StackOperations
 
@@ -169,6 +190,8 @@ class Stack:
                 version=s.kafka_version,
                 partitions=s.partitions,
             )
+            if isinstance(broker, TansuServer):
+                log.warning(TANSU_WARNING)
             await self._launch(broker)
             update["kafka_bootstrap"] = broker.address
         if not s.admin_token.get_secret_value():
@@ -177,6 +200,31 @@ class Stack:
                 token if isinstance(token, str) else secrets.token_urlsafe(24)
             )
         self.settings = s.model_copy(update=update)
+        if s.server_restart_tries > 0 and self.servers:
+            policy = RestartPolicy(
+                max_tries=s.server_restart_tries, max_backoff_s=s.server_restart_max_backoff_s
+            )
+            keepers = Keepers(policy)
+            for server in self.servers:
+                hook = self._after_broker_restart if server.name in ("kafka", "tansu") else None
+                keepers.watch(server, on_restart=hook)
+            self.keepers = keepers
+            self._stoppers.append(keepers.stop)  # stops watching before the servers stop
+
+    async def _after_broker_restart(self) -> None:
+        """A restarted broker: topics again (Tansu keeps none), and the journal relay
+        re-checks the broker's log (re-publishing the journal if it was lost)."""
+        from memstream.infra.kafka.admin import ensure_topics
+        from memstream.schemas.topics import Topics
+
+        s = self.settings
+        await ensure_topics(
+            s.kafka_bootstrap, Topics(s.topic_prefix), s.partitions, s.replication_factor
+        )
+        relay = self.journal_relay
+        if relay is not None:
+            await relay.stop()
+            await relay.start()
 
     async def _launch(self, server: EmbeddedServer) -> None:
         await server.start()

@@ -218,6 +218,22 @@ class EmbeddedServer(ABC):
             await proc.wait()
         log.info("%s on %s stopped (exit %s)", self.name, self.address, proc.returncode)
 
+    async def wait_exit(self) -> int | None:
+        """Wait until the running process exits (at once when none runs); its exit code."""
+        proc = self._proc
+        if proc is None:
+            return None
+        return await proc.wait()
+
+    async def restart(self) -> Self:
+        """Start again **on the same port and data dir** (after a crash: clients reconnect
+        to the address they have). Stops the old process first if it still runs."""
+        if self.running:
+            await self.stop()
+        if self.port:
+            self.requested_port = self.port
+        return await self.start()
+
     async def kill(self) -> None:
         """Stop the server abruptly (SIGKILL), as a crash would."""
         proc, self._proc = self._proc, None

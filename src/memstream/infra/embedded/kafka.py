@@ -43,6 +43,7 @@ __all__ = [
     "ApacheKafkaServer",
     "TansuServer",
     "choose_broker",
+    "metadata_answers",
     "embedded_broker",
     "resolve_kafka_jars",
     "tansu_binary",
@@ -437,10 +438,10 @@ class ApacheKafkaServer(EmbeddedServer):
     async def is_ready(self) -> bool:
         if not await tcp_answers(self.host, self.port):
             return False
-        return await _metadata_answers(self.address)
+        return await metadata_answers(self.address)
 
 
-async def _metadata_answers(bootstrap: str) -> bool:
+async def metadata_answers(bootstrap: str) -> bool:
     """True when the broker answers a Metadata request listing at least one broker."""
     from aiokafka import AIOKafkaClient  # noqa: PLC0415 - keep import time low for the CLI
     from aiokafka.errors import KafkaError  # noqa: PLC0415

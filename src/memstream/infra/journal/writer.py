@@ -288,6 +288,21 @@ class Journal(JournalReads):
     def fenced(self) -> bool:
         return isinstance(self._broken, JournalFenced)
 
+    def problem(self) -> str | None:
+        """``None`` while the writer accepts appends; else why it does not (readiness)."""
+        if self.fenced:
+            return (
+                "the journal writer is fenced: another writer opened the journal and took "
+                "over; this process accepts no appends until it is restarted"
+            )
+        if self._broken is not None:
+            return f"the journal writer is broken: {self._broken.message}"
+        if self._closing:
+            return "the journal writer is closed"
+        if self._task.done():
+            return "the journal committer task stopped"
+        return None
+
     def _on_failure(self, err: JournalError) -> None:
         if isinstance(err, JournalFenced) and self._broken is None:
             log.error("journal writer fenced by a newer writer; it accepts no more appends")
