@@ -148,20 +148,15 @@ def candidates() -> dict[str, Callable[[], Embed]]:
         return lambda texts, is_query: m.embed(texts)
 
     def wordllama() -> Embed:
-        import shutil
-        import tempfile
         from pathlib import Path
 
         import wordllama as wl_pkg  # optional, not a dependency: pip install wordllama
         from wordllama import WordLlama
 
         # The wheel ships its weights and tokenizer config, but looks for the config under
-        # ``tokenizer/`` while the wheel has ``tokenizers/`` (then tries to download it):
-        # point its cache at the wheel's own files, downloads disabled.
-        pkg = Path(wl_pkg.__file__).parent
-        cache = Path(tempfile.mkdtemp(prefix="wordllama-"))
-        shutil.copytree(pkg / "tokenizers", cache / "tokenizer")
-        shutil.copytree(pkg / "weights", cache / "weights")
+        # ``tokenizer/`` (and then downloads it); its cache layout is the wheel's own
+        # (``tokenizers/``, ``weights/``): point the cache at the wheel, downloads disabled.
+        cache = Path(wl_pkg.__file__).parent
         m = WordLlama.load(cache_dir=cache, disable_download=True)
         return lambda texts, is_query: m.embed(texts).tolist()
 
