@@ -60,3 +60,16 @@ async def test_a_loop_that_returns_is_restarted_too() -> None:
     finally:
         await stop()
     assert calls >= 1 and seen_backoff.is_set()
+
+
+async def test_a_loop_that_retries_by_itself_reports_backoff_then_running() -> None:
+    """Processor consume loops retry in place (issue 12): their state still shows it."""
+    states = LoopStates()
+    st = states.get("processor:counters")
+    assert states.problem() is None
+    st.failed(ConnectionRefusedError("broker away"))
+    snap = states.snapshot()["processor:counters"]
+    assert snap["state"] == "backoff" and snap["restarts"] == 1
+    assert states.problem() == ("processor:counters backoff (ConnectionRefusedError: broker away)")
+    st.recovered()
+    assert states.problem() is None and states.all_running()

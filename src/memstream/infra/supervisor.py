@@ -44,6 +44,18 @@ class LoopState:
     last_error: str | None = None
     since: float = field(default_factory=time.time)
 
+    def failed(self, error: BaseException | str) -> None:
+        """A loop that retries by itself met an error: it is backing off (readiness shows
+        it) until :meth:`recovered`. Counted in ``restarts``."""
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self.state, self.since, self.last_error = "backoff", time.time(), text
+        self.restarts += 1
+
+    def recovered(self) -> None:
+        """The loop works again (no-op while it is running)."""
+        if self.state != "running":
+            self.state, self.since = "running", time.time()
+
     def to_dict(self) -> dict[str, object]:
         return {
             "state": self.state,

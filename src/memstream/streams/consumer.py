@@ -70,6 +70,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from memstream.infra.data_keys import Keyring
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
+from memstream.infra.supervisor import LoopState
 from memstream.schemas.topics import Topics
 from memstream.streams.coverage import CoverageStore, PartitionCoverage
 from memstream.streams.processor import (
@@ -101,6 +102,9 @@ COMMIT_INTERVAL_S = 1.0
 POLL_RECORDS = 500
 #: Longest single wait in ``getmany`` (keeps commits and stop requests timely).
 POLL_TIMEOUT_S = 0.5
+#: Backoff of the consume loop after an error (doubling; reset by a good iteration).
+MIN_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 10.0
 #: How long ``stop`` lets the batch in hand finish before cancelling it.
 STOP_GRACE_S = 10.0
 
@@ -219,6 +223,7 @@ class ProcessorConsumer:
         commit_interval_s: float = COMMIT_INTERVAL_S,
         keyring: Keyring | None = None,
         coverage: CoverageStore | None = None,
+        state: LoopState | None = None,
     ) -> None:
         if not bootstrap.strip():
             raise ValueError("kafka_bootstrap is empty: start the embedded broker or set it")
@@ -254,6 +259,8 @@ class ProcessorConsumer:
             rebalance_timeout_ms=int(max(session * 2, 10.0) * 1000),
         )
         self._commit_interval = commit_interval_s
+        #: this consume loop's supervised state (``infra.supervisor``: readiness, console)
+        self.state = state if state is not None else LoopState()
         self._gauge = metrics.last_commit.labels(processor.name)
         self._pending: dict[TopicPartition, int] = {}
         #: Per assigned partition, the offset the next record handed over must have.
@@ -280,6 +287,17 @@ class ProcessorConsumer:
         self._consumer.subscribe([self.topic], listener=_Listener(self))
         await self._consumer.start()
         self._task = asyncio.create_task(self._run(), name=f"consume-{self.processor.name}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The consume task ended: expected on stop; else say so loudly (readiness too)."""
+        if self._stopping:
+            self.state.state = "stopped"
+            return
+        error = None if task.cancelled() else task.exception()
+        self.state.failed(error or "the consume loop ended")
+        self.state.state = "stopped"
+        log.error("%s: the consume loop ended unexpectedly: %r", self.processor.name, error)
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions this member holds now (empty before the group join)."""
@@ -309,6 +327,7 @@ class ProcessorConsumer:
 
     # --- loop --------------------------------------------------------------------------------
     async def _run(self) -> None:
+        backoff = MIN_BACKOFF_S
         while not self._stopping:
             try:
                 epoch = self._epoch
@@ -332,11 +351,26 @@ class ProcessorConsumer:
             except asyncio.CancelledError:
                 raise
             except KafkaError as e:
-                log.warning("%s: consumer error, retrying: %s", self.processor.name, e)
-                await asyncio.sleep(1.0)
-            except Exception:
-                log.exception("%s: unexpected error in the consume loop", self.processor.name)
-                await asyncio.sleep(1.0)
+                self.state.failed(e)
+                log.warning(
+                    "%s: consumer error, retrying in %.1fs: %s", self.processor.name, backoff, e
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+            except Exception as e:
+                self.state.failed(e)
+                log.exception(
+                    "%s: unexpected error in the consume loop; retrying in %.1fs",
+                    self.processor.name,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+            else:
+                if self.state.state != "running":
+                    log.info("%s: consuming again", self.processor.name)
+                self.state.recovered()
+                backoff = MIN_BACKOFF_S
 
     async def _poll(self) -> tuple[list[RawRecord], dict[TopicPartition, int]]:
         """One batch and the offsets to commit once it is handled. A gap (see module doc)

@@ -42,6 +42,7 @@ from memstream.errors import InvalidRequest, RetryableInfraError
 from memstream.infra.data_keys import Keyring
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
+from memstream.infra.supervisor import LoopStates
 from memstream.schemas.topics import Topics
 from memstream.streams.consumer import ProcessorConsumer
 from memstream.streams.coverage import CoverageStore
@@ -99,6 +100,7 @@ class Runner:
         lag_interval_s: float | None = 5.0,
         keyring: Keyring | None = None,
         coverage: CoverageStore | None = None,
+        loops: LoopStates | None = None,
     ) -> None:
         """``names`` selects processors (default: all, in ``factories`` order); an unknown
         name raises ``InvalidRequest(field="processors")``."""
@@ -119,6 +121,7 @@ class Runner:
         self._retry = retry
         self._keyring = keyring
         self._lag_interval = lag_interval_s
+        self._loops = loops
         self._coverage = coverage
         self._hosted: list[HostedProcessor] = []
         self._stop = asyncio.Event()
@@ -159,6 +162,7 @@ class Runner:
                     retry=self._retry,
                     keyring=self._keyring,
                     coverage=self._coverage,
+                    state=None if self._loops is None else self._loops.get(f"processor:{name}"),
                 )
                 await processor.start(consumer.ctx)
                 self._hosted.append(HostedProcessor(name, processor, consumer))
