@@ -91,10 +91,11 @@ class Settings(BaseSettings):
         default="memstream", description="Database of the transcript-search tables."
     )
     transcript_dense: bool = Field(
-        default=True,
+        default=False,
         description="Transcript search's dense side: embed each projected message (behind "
         "the message projector) and fuse dense similarity with BM25 "
-        "(docs/transcript-search.md).",
+        "(docs/transcript-search.md). Off by default: the offline embedder follows at tens "
+        "of messages/s and its background load upset timing-sensitive summary tests.",
     )
 
     # --- models -----------------------------------------------------------------------------
