@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 # --- errors ------------------------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ class StoreBody(BaseModel):
     key: str
     content: str
     category: Literal["user_profile", "project_fact", "observation"]
-    scope: Literal["private", "shared"] | None = None
+    scope: Literal["private", "shared"]
     importance: float | None = Field(default=None, ge=0, le=1)
 
 
@@ -292,6 +292,10 @@ class Live(BaseModel):
 
     ok: Literal[True]
     status: Literal["live"]
+
+
+class Generations(RootModel[dict[str, int]]):
+    """``GET /admin/replay``: the current generation of each projection."""
 
 
 # --- owning memory (docs/owning-memory.md) -----------------------------------------------------

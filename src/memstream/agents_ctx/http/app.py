@@ -77,7 +77,9 @@ def create_app(services: Services) -> FastAPI:
     async def livez() -> JSONResponse:
         return JSONResponse({"ok": True, "status": "live"})
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics", **contract.contract(errors=(), media_type="text/plain; version=1.0.0")
+    )
     async def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

@@ -19,17 +19,26 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from memstream.agents_ctx.context import ContextReader, parse_parent
-from memstream.agents_ctx.http.contract import contract
+from memstream.agents_ctx.http.contract import Query, contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
-from memstream.agents_ctx.message_shapes import check_format
+from memstream.agents_ctx.message_shapes import FORMATS, check_format
 from memstream.schemas import wire
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
 
 
 @router.get(
-    "/threads/{thread_id}/context", **contract(answer=wire.Context, errors=(400, 401, 404, 503))
+    "/threads/{thread_id}/context",
+    **contract(
+        answer=wire.Context,
+        errors=(400, 401, 404, 503),
+        query=(
+            Query("format", "the messages' shape", {"type": "string", "enum": list(FORMATS)}),
+            Query("parent_thread_id", "a delegated sub-agent's parent thread"),
+            Query("parent_agent_id", "the parent thread's agent (default: this agent)"),
+        ),
+    ),
 )
 async def get_context(
     thread_id: str, request: Request, caller: CallerDep, svc: ServicesDep

@@ -19,9 +19,10 @@ the ``Authorization`` / ``X-Memstream-Admin-Token`` header parameters into secur
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
@@ -36,6 +37,7 @@ ERROR_TEXT: Final[dict[int, str]] = {
     409: "conflict, e.g. capacity_exceeded",
     413: "the body is too large",
     422: "content_too_long (a memstream rule, not a schema error)",
+    500: "internal: an unexpected failure (logged with its traceback)",
     503: "a part this route needs is unavailable (journal_unavailable, not_ready...)",
 }
 DEFAULT_ERRORS: Final = (400, 401, 503)
@@ -60,9 +62,13 @@ def contract(
     errors: Iterable[int] = DEFAULT_ERRORS,
     body_required: bool = True,
     other: dict[int, type[BaseModel]] | None = None,
+    media_type: str | None = None,
+    query: Iterable[Query] = (),
 ) -> dict[str, Any]:
     """Keyword arguments for ``router.get/post/...``: the route's documented contract.
-    ``errors`` answer :class:`ErrorBody`; ``other`` maps a status to another model."""
+    ``errors`` answer :class:`ErrorBody`; ``other`` maps a status to another model;
+    ``media_type`` documents a success answer that is not JSON (text, NDJSON) as a string;
+    ``query`` documents the query parameters a route reads by hand."""
     responses: dict[int | str, dict[str, Any]] = {
         code: {"model": ErrorBody, "description": ERROR_TEXT.get(code, "error")} for code in errors
     }
@@ -71,17 +77,46 @@ def contract(
     out: dict[str, Any] = {"responses": responses}
     if answer is not None:
         out["response_model"] = answer
+    if media_type is not None:
+        out["response_class"] = _text_answer(media_type)
+    extra: dict[str, Any] = {}
+    params = [q.parameter() for q in query]
+    if params:
+        extra["parameters"] = params
     if body is not None:
         _BODIES[body.__name__] = body
-        out["openapi_extra"] = {
-            "requestBody": {
-                "required": body_required,
-                "content": {
-                    "application/json": {"schema": {"$ref": _REF.format(model=body.__name__)}}
-                },
-            }
+        extra["requestBody"] = {
+            "required": body_required,
+            "content": {
+                "application/json": {"schema": {"$ref": _REF.format(model=body.__name__)}}
+            },
         }
+    if extra:
+        out["openapi_extra"] = extra
     return out
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query parameter a route reads by hand (``request.query_params``), for the document."""
+
+    name: str
+    description: str
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+
+    def parameter(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "in": "query",
+            "required": False,
+            "description": self.description,
+            "schema": self.schema,
+        }
+
+
+def _text_answer(media_type: str) -> type[Response]:
+    """A response class FastAPI documents as ``media_type`` (a string), not as JSON."""
+    return type("TextAnswer", (Response,), {"media_type": media_type})
 
 
 def _operations(doc: dict[str, Any]) -> Iterable[dict[str, Any]]:
@@ -113,6 +148,10 @@ def build(app: FastAPI) -> dict[str, Any]:
         if not any(code.startswith(("4", "5")) for code in responses):  # undeclared: defaults
             for code in DEFAULT_ERRORS:
                 responses[str(code)] = {"description": ERROR_TEXT[code], **error_ref}
+        responses.setdefault("500", {"description": ERROR_TEXT[500], **error_ref})  # any route
+        for code, answer in responses.items():
+            if code.startswith(("4", "5")) and "ErrorBody" in str(answer.get("content")):
+                answer.update(error_ref)  # JSON, also on a route whose success is text
         params = []
         for p in op.get("parameters", []):
             scheme = (

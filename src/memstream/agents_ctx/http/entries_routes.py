@@ -64,18 +64,9 @@ def _filters(category: str | None, visibility: str | None = None, q: str | None 
     )
 
 
-_NDJSON_ENTRIES = {"description": "one entry per line", "content": {NDJSON: {"schema": {}}}}
-
-
-def _export_contract() -> dict[str, Any]:
-    out = contract(errors=(400, 401, 403, 503))
-    out["responses"][200] = _NDJSON_ENTRIES
-    out["response_class"] = StreamingResponse
-    return out
-
 
 def _import_contract() -> dict[str, Any]:
-    out = contract(answer=wire.ImportReport, errors=(401, 403, 413, 503))
+    out = contract(answer=wire.ImportReport, errors=(400, 401, 403, 413, 503))
     out["openapi_extra"] = {
         "requestBody": {"required": True, "content": {NDJSON: {"schema": {"type": "string"}}}}
     }
@@ -132,7 +123,7 @@ async def patch_entry(
     )
 
 
-@router.get("/export", **_export_contract())
+@router.get("/export", **contract(errors=(400, 401, 403, 503), media_type=NDJSON))
 async def export_entries(
     caller: CallerDep, svc: ServicesDep, category: OptStr = None, user_id: OptStr = None
 ) -> StreamingResponse:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from memstream.agents_ctx.http.bodies import read_object
-from memstream.agents_ctx.http.contract import contract
+from memstream.agents_ctx.http.contract import Query, contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.journal_tools import journal_message_search, journal_tool_call_view
@@ -69,7 +69,19 @@ async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONR
 
 @router.get(
     "/journal/tool-calls/{tool_call_id}",
-    **contract(answer=wire.ToolCallPage, errors=(400, 401, 404, 503)),
+    **contract(
+        answer=wire.ToolCallPage,
+        errors=(400, 401, 404, 503),
+        query=(
+            Query("offset", "first byte of the page (default 0)", {"type": "integer"}),
+            Query(
+                "length",
+                f"bytes in the page (default and maximum {TOOL_VIEW_MAX_BYTES})",
+                {"type": "integer"},
+            ),
+            Query("thread_id", "the thread of the call, when one id is in several"),
+        ),
+    ),
 )
 async def tool_call(
     tool_call_id: str, request: Request, caller: CallerDep, svc: ServicesDep

@@ -20,10 +20,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from memstream.agents_ctx.http.admin_routes import admin
+from memstream.agents_ctx.http.contract import Query, contract
 from memstream.agents_ctx.http.deps import ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.errors import InfraError, InvalidRequest, MemstreamError
 from memstream.projections.replay import Progress, check_projection
+from memstream.schemas import wire
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ def _flag(request: Request, name: str) -> bool:
     raise InvalidRequest(f"{name} must be true or false", field=name)
 
 
-@router.get("/replay")
+@router.get("/replay", **contract(answer=wire.Generations, errors=(401, 503)))
 async def generations(svc: ServicesDep) -> JSONResponse:
     """The current generation of each projection."""
     if svc.replays is None:
@@ -48,7 +50,17 @@ async def generations(svc: ServicesDep) -> JSONResponse:
     return JSONResponse({p: gens.get(p, 1) for p in svc.replays.sinks})
 
 
-@router.post("/replay/{projection}")
+@router.post(
+    "/replay/{projection}",
+    **contract(
+        errors=(400, 401, 503),
+        media_type="application/x-ndjson",
+        query=(
+            Query("from_journal", "re-read the journal, not the topic", {"type": "boolean"}),
+            Query("restart", "ignore a checkpoint", {"type": "boolean"}),
+        ),
+    ),
+)
 async def replay(projection: str, request: Request, svc: ServicesDep) -> StreamingResponse:
     name = check_projection(projection)
     from_journal = _flag(request, "from_journal")
