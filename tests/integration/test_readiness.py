@@ -6,6 +6,9 @@ Valkey child and the Kafka broker are SIGKILLed one at a time. Each time readine
 503 naming the part, the keeper must bring the server back on the same port, readiness must
 return to 200, and an append + context round trip must work. Last, a second journal writer
 fences the stack's: appends fail and readiness names ``journal``.
+
+The stack runs in a child Python process: chdb accepts one data path per process, and the
+suite's session engine already holds one.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +28,8 @@ from memstream.infra.cli.wiring import Stack
 from memstream.infra.journal import open_journal
 from memstream.infra.settings import Settings
 
-pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.chaos]
+pytestmark = [pytest.mark.chaos]
+ROOT = Path(__file__).resolve().parents[2]
 
 KEY = "readiness-key-1"
 
@@ -53,11 +59,23 @@ async def round_trip(c: httpx.AsyncClient, text: str) -> None:
     assert text in r.text
 
 
-async def test_a_dead_child_server_fails_readiness_then_is_restarted(
-    traversable_tmp: Path,
-) -> None:
+@pytest.mark.timeout(600)
+def test_a_dead_child_server_fails_readiness_then_is_restarted(traversable_tmp: Path) -> None:
+    res = subprocess.run(  # noqa: S603 - this interpreter, this module
+        [sys.executable, "-m", "tests.integration.test_readiness", str(traversable_tmp)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=560,
+        check=False,
+    )
+    assert res.returncode == 0, f"{res.stdout[-4000:]}\n{res.stderr[-8000:]}"
+    assert "scenario passed" in res.stdout
+
+
+async def scenario(root: Path) -> None:
     settings = Settings(
-        data_dir=traversable_tmp / "ready-data",  # type: ignore[arg-type]
+        data_dir=root / "ready-data",  # type: ignore[arg-type]
         port=0,
         api_keys=f"acme:{KEY}",
         server_restart_max_backoff_s=2.0,
@@ -108,3 +126,8 @@ async def test_a_dead_child_server_fails_readiness_then_is_restarted(
                 await other.close()
     finally:
         await stack.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(scenario(Path(sys.argv[1])))
+    print("scenario passed")
