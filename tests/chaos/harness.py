@@ -59,7 +59,14 @@ class Up:
 
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
-        self.env = {**os.environ, "MEMSTREAM_API_KEYS": f"{ACCOUNT}:{KEY}", **(env or {})}
+        # The harness owns child restarts (restart_child): with up's own keeper also on, two
+        # brokers raced for one port. The keeper's restarts are tested in test_readiness.py.
+        self.env = {
+            **os.environ,
+            "MEMSTREAM_API_KEYS": f"{ACCOUNT}:{KEY}",
+            "MEMSTREAM_SERVER_RESTART_TRIES": "0",
+            **(env or {}),
+        }
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.log = data_dir.parent / f"{data_dir.name}-up.log"
