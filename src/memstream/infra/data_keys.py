@@ -29,8 +29,10 @@ Keys live in Postgres (``data_keys``: key id, scope, key bytes), which every pro
 deployment reaches. A key is created on first use, *before* any record sealed with it is
 published; creation is refused for a thread in ``erased_threads`` and for a user whose
 erasure is running, so nothing can re-key erased content while or after it is erased.
-Each process caches keys (and misses) for ``data_key_cache_s`` seconds: after an erasure,
-the erasing process forgets the keys at once and every other process within that time.
+Each process caches keys for ``data_key_cache_s`` seconds: after an erasure, the erasing
+process forgets the keys at once and every other process within that time. A key id not
+found when opening is never cached (it is asked again with the next record sealed with it),
+and every record skipped as shredded is logged with its position.
 """
 
 from __future__ import annotations
@@ -244,8 +246,12 @@ class Keyring:
                 raise RetryableInfraError(f"data keys: {e}") from e
             found = {bytes(r["kid"]): AESGCM(bytes(r["key"])) for r in rows}
             self._trim()
-            for kid in wanted:
-                self._by_kid[kid] = (now + self._ttl, found.get(kid))
+            for kid, cipher in found.items():
+                # found keys only: a miss is asked again next time, never cached, so a
+                # key that was not visible yet cannot shred its records for cache_s
+                self._by_kid[kid] = (now + self._ttl, cipher)
+            for kid in wanted - found.keys():
+                self._by_kid.pop(kid, None)
         out: list[bytes | None] = []
         for v in values:
             if not is_sealed(v):

@@ -305,6 +305,14 @@ class Dispatcher:
                 self._sealed[rec.meta] = rec.value
                 out.append(RawRecord(rec.meta, value))
         if gone:
+            # never silent: a key missing for any other reason than an erasure loses data
+            log.warning(
+                "%s: skipping %d sealed record(s) whose data key is gone (shredded by an "
+                "erasure?): %s",
+                self.processor.name,
+                len(gone),
+                ", ".join(f"{r.meta.topic}[{r.meta.partition}]@{r.meta.offset}" for r in gone[:20]),
+            )
             self._shredded.inc(len(gone))
             self._count(gone)
         return out
