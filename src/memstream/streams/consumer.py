@@ -516,9 +516,11 @@ class ProcessorConsumer:
         """Commit pending offsets (of ``only``, if given). Caller holds the lock."""
         self._last_commit_at = time.monotonic()
         offsets = {tp: off for tp, off in self._pending.items() if only is None or tp in only}
+        # Ranges queued while the store was away are written on the next tick even with no
+        # offset left to commit: an idle partition would otherwise show a false gap for good.
+        await self._flush_coverage()
         if not offsets:
             return
-        await self._flush_coverage()
         try:
             # the commit's metadata carries its wall-clock time: `memstream lag`, in another
             # process, reads it back as "since commit" (Kafka keeps no commit time itself)
