@@ -45,17 +45,11 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-async def loaded(
-    up: h.Up,
-    ledger: h.Ledger,
-    seconds: float,
-    args: argparse.Namespace,
-    memory_every: int,
-) -> tuple[int, float]:
-    """Load for ``seconds`` (or until ``--messages``); (writes acknowledged, seconds)."""
+def start_load(
+    up: h.Up, ledger: h.Ledger, args: argparse.Namespace, memory_every: int
+) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    """Start the harness's load against ``up``; set the event to stop it, await the task."""
     stop = asyncio.Event()
-    before = ledger.appends_ok + ledger.stores_ok
-    t0 = time.monotonic()
     task = asyncio.create_task(
         h.load(
             lambda: up.url,
@@ -67,6 +61,20 @@ async def loaded(
             max_messages=args.messages,
         )
     )
+    return stop, task
+
+
+async def loaded(
+    up: h.Up,
+    ledger: h.Ledger,
+    seconds: float,
+    args: argparse.Namespace,
+    memory_every: int,
+) -> tuple[int, float]:
+    """Load for ``seconds`` (or until ``--messages``); (writes acknowledged, seconds)."""
+    before = ledger.appends_ok + ledger.stores_ok
+    t0 = time.monotonic()
+    stop, task = start_load(up, ledger, args, memory_every)
     with_timeout = asyncio.wait_for(asyncio.shield(task), seconds)
     try:
         await with_timeout
@@ -137,20 +145,9 @@ async def main(args: argparse.Namespace) -> int:
             name = faults[i % len(faults)]
             i += 1
             t_fault = time.monotonic()
-            stop = asyncio.Event()
             t0 = time.monotonic()
             w0 = ledger.appends_ok + ledger.stores_ok
-            task = asyncio.create_task(
-                h.load(
-                    lambda: up.url,
-                    ledger,
-                    stop,
-                    threads=args.threads,
-                    memory_every=memory_every,
-                    concurrency=args.concurrency,
-                    max_messages=args.messages,
-                )
-            )
+            stop, task = start_load(up, ledger, args, memory_every)
             await fault(up, name)
             await asyncio.sleep(args.fault_every / 2)
             stop.set()
