@@ -114,6 +114,7 @@ async def fault(up: h.Up, name: str) -> None:
 
 async def main(args: argparse.Namespace) -> int:
     root = Path(args.data_dir or tempfile.mkdtemp(prefix="memstream-soak-"))
+    root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
     data = root / "data"
     up = h.Up(data, env={"MEMSTREAM_KAFKA_BROKER": "kafka"})
@@ -194,9 +195,10 @@ async def main(args: argparse.Namespace) -> int:
         times = converge_s.get(name, [])
         if times:
             print(f"fault {name:<10} x{len(times)}: longest convergence {max(times):.1f}s")
+    ratio = f"{rate / base_rate:.2f}x" if base_rate > 0 else "n/a (no fault-free writes)"
     print(
         f"throughput: fault-free {base_rate:.0f} writes/s, under faults {rate:.0f} writes/s "
-        f"= {rate / base_rate:.2f}x"
+        f"= {ratio}"
     )
     return 0 if report.ok() and not bad_letters else 1
 
