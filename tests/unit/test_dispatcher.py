@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
+import asyncpg
 import orjson
 import pytest
+import redis.exceptions
+from aiokafka.errors import KafkaConnectionError
 
-from memstream.errors import RetryableInfraError
+from memstream.errors import InvalidRequest, RetryableInfraError
 from memstream.infra.metrics import make_metrics
+from memstream.infra.outage import dependency_of
 from memstream.schemas.events import Envelope, decode, encode, thread_event
 from memstream.schemas.topics import JOURNAL
 from memstream.streams.processor import (
+    DependencyDown,
     Dispatcher,
     EventMeta,
     Processor,
@@ -109,14 +115,86 @@ async def test_transient_errors_are_retried_then_succeed() -> None:
     )
 
 
-async def test_retries_are_bounded_then_dead_lettered() -> None:
+async def test_a_store_away_past_the_retries_pauses_and_dead_letters_nothing() -> None:
+    """An outage is not a poison record (issue 12): past the in-place retries the dispatcher
+    raises ``DependencyDown`` naming the store, and nothing goes to the DLQ."""
     p, out = Flaky(transient=99), Out()
+    d = Dispatcher(p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST)
+    with pytest.raises(DependencyDown) as err:
+        await d.dispatch([rec(1, ev("t1"))])
+    assert p.calls == 3 and out.records == []
+    assert err.value.dependency == "valkey"  # "redis away"
+    p.transient = 0  # the store is back: the same record goes through
+    await d.dispatch([rec(1, ev("t1"))])
+    assert p.handled == ["t1"] and out.records == []
+
+
+class DriverErrors(Processor):
+    """Lets a driver's own errors through, as a handler that does not translate them."""
+
+    name = "drivers"
+    topic = JOURNAL
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def handle(self, envelope: Envelope, meta: EventMeta) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "dependency"),
+    [
+        (asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed"), "postgres"),
+        (asyncpg.exceptions.InterfaceError("pool is closing"), "postgres"),
+        (asyncpg.exceptions.AdminShutdownError("terminating connection"), "postgres"),
+        (redis.exceptions.ConnectionError("Error 111 connecting"), "valkey"),
+        (redis.exceptions.BusyLoadingError("loading the dataset"), "valkey"),
+        (KafkaConnectionError("broker down"), "kafka"),
+        (RetryableInfraError("clickhouse: cannot connect"), "clickhouse"),
+        (ConnectionResetError(errno.ECONNRESET, "reset by peer"), "a dependency"),
+        (TimeoutError(), "a dependency"),
+    ],
+)
+async def test_a_drivers_outage_errors_pause_instead_of_dead_lettering(
+    error: Exception, dependency: str
+) -> None:
+    out = Out()
+    d = Dispatcher(
+        DriverErrors(error), dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+    )
+    with pytest.raises(DependencyDown) as err:
+        await d.dispatch([rec(1, ev("t1"))])
+    assert err.value.dependency == dependency and out.records == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("cannot apply"),
+        asyncpg.exceptions.DataError("invalid byte sequence"),
+        redis.exceptions.ResponseError("WRONGTYPE"),
+        OSError(errno.ENAMETOOLONG, "File name too long"),
+    ],
+)
+async def test_errors_of_the_record_are_dead_lettered_at_once(error: Exception) -> None:
+    out = Out()
     await Dispatcher(
-        p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+        DriverErrors(error), dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
     ).dispatch([rec(1, ev("t1"))])
-    assert p.calls == 3
-    [(_, _, value)] = out.records
-    assert "RetryableInfraError" in str(decode(value).data["error"])
+    assert len(out.records) == 1
+
+
+def test_dependency_of_follows_the_cause_chain() -> None:
+    try:
+        try:
+            raise asyncpg.exceptions.CannotConnectNowError("the database system is starting up")
+        except Exception as e:
+            raise RetryableInfraError("opening failed") from e
+    except RetryableInfraError as wrapped:
+        assert dependency_of(wrapped) == "postgres"
+    assert dependency_of(InvalidRequest("bad", field="data.offset")) is None
+    assert dependency_of(OSError(errno.ENOSPC, "No space left on device")) == "a dependency"
 
 
 async def test_handler_exception_is_dead_lettered_with_the_account() -> None:
@@ -139,15 +217,44 @@ async def test_failed_batch_is_split_and_only_the_bad_record_dead_lettered() -> 
     assert [decode(v).data["origin_offset"] for _, _, v in out.records] == [2]
 
 
-async def test_batch_that_exhausts_retries_is_dead_lettered_whole_without_splitting() -> None:
+async def test_a_batch_whose_store_stays_away_pauses_whole_without_splitting() -> None:
     p, out = Batchy(transient=99), Out()
     records = [rec(i, ev(f"t{i}")) for i in range(4)]
-    await Dispatcher(
-        p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
-    ).dispatch(records)
-    assert p.handled == []
+    with pytest.raises(DependencyDown):
+        await Dispatcher(
+            p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+        ).dispatch(records)
+    assert p.handled == [] and out.records == []
     assert p.calls == 3  # one batch, three tries, no per-record retries
-    assert [decode(v).data["origin_offset"] for _, _, v in out.records] == [0, 1, 2, 3]
+
+
+class BadThenAway(Batchy):
+    """A batch with a bad record; the store goes away while the batch is being isolated."""
+
+    name = "bad-then-away"
+
+    def __init__(self) -> None:
+        super().__init__(crash_on=frozenset({"bad"}))
+        self.away = False
+
+    async def handle_batch(self, items: Sequence[Received]) -> None:
+        if self.away and items[0].envelope.thread_id == "t3":
+            raise RetryableInfraError("redis away")
+        await super().handle_batch(items)
+
+
+async def test_a_record_dead_lettered_before_a_pause_is_not_dead_lettered_again() -> None:
+    p, out = BadThenAway(), Out()
+    d = Dispatcher(p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST)
+    records = [rec(0, b"not json")] + [rec(i, ev(t)) for i, t in [(1, "bad"), (2, "t2"), (3, "t3")]]
+    p.away = True
+    with pytest.raises(DependencyDown):
+        await d.dispatch(records)
+    assert sorted(decode(v).data["origin_offset"] for _, _, v in out.records) == [0, 1]
+    p.away = False  # the store is back: the same batch again
+    await d.dispatch(records)
+    assert sorted(decode(v).data["origin_offset"] for _, _, v in out.records) == [0, 1]
+    assert "t3" in p.handled
 
 
 async def test_dead_letter_publish_is_retried_until_the_broker_answers() -> None:
@@ -200,6 +307,16 @@ async def test_a_raw_processor_gets_bytes_and_only_its_bad_record_is_dead_letter
     assert m.sample("memstream_processor_events_total", {"processor": "bulk", "topic": TOPIC}) == 3
 
 
+async def test_a_raw_batch_whose_store_stays_away_pauses() -> None:
+    p, out = RawBulk(transient=99), Out()
+    records = [rec(i, ev(f"t{i}")) for i in range(3)]
+    with pytest.raises(DependencyDown) as err:
+        await Dispatcher(
+            p, dlq_topic="p.dlq", publish=out, metrics=make_metrics(), retry=FAST
+        ).dispatch(records)
+    assert err.value.dependency == "clickhouse" and out.records == [] and p.calls == 3
+
+
 async def test_a_raw_batch_is_retried_whole_on_transient_errors() -> None:
     p, out = RawBulk(transient=2), Out()
     records = [rec(i, ev(f"t{i}")) for i in range(3)]
@@ -222,9 +339,10 @@ async def test_a_dead_letter_retried_for_one_processor_is_skipped_by_the_others(
         )
         assert proc.handled == expected
         # skipped records count as processed (their offsets are committed with the batch)
-        assert m.sample(
-            "memstream_processor_events_total", {"processor": proc.name, "topic": TOPIC}
-        ) == 2
+        assert (
+            m.sample("memstream_processor_events_total", {"processor": proc.name, "topic": TOPIC})
+            == 2
+        )
 
 
 def test_the_retry_for_header_reaches_the_record_meta() -> None:

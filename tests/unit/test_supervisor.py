@@ -73,3 +73,21 @@ async def test_a_loop_that_retries_by_itself_reports_backoff_then_running() -> N
     assert states.problem() == ("processor:counters backoff (ConnectionRefusedError: broker away)")
     st.recovered()
     assert states.problem() is None and states.all_running()
+
+
+async def test_a_loop_waiting_for_a_store_says_which_and_is_no_restart() -> None:
+    states = LoopStates()
+    st = states.get("processor:counters")
+    st.waiting("postgres", ConnectionRefusedError("refused"))
+    since = st.since
+    st.waiting("postgres", ConnectionRefusedError("refused again"))
+    snap = states.snapshot()["processor:counters"]
+    assert snap["state"] == "waiting" and snap["waiting_for"] == "postgres"
+    assert snap["restarts"] == 0 and snap["since"] == since  # one wait, from its start
+    assert states.problem() == (
+        "processor:counters waiting for postgres (ConnectionRefusedError: refused again)"
+    )
+    st.recovered()
+    assert (
+        states.problem() is None and states.snapshot()["processor:counters"]["waiting_for"] is None
+    )

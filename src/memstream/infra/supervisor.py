@@ -13,9 +13,13 @@ until the process restarted (issue 12, defect 3). Now:
 ``LoopStates.snapshot()`` is the stable shape exposed to operators (``/healthz`` and the
 console read it; see ``docs/operations.md``)::
 
-    {"outbox-relay": {"state": "running" | "backoff" | "stopped",
+    {"outbox-relay": {"state": "running" | "backoff" | "waiting" | "stopped",
                       "restarts": 0, "last_error": null | "ConnectionDoesNotExistError: ...",
-                      "since": 1764600000.0}}
+                      "since": 1764600000.0, "waiting_for": null | "postgres"}}
+
+``waiting`` is a loop paused on a dependency that is away (a stream processor during a
+Postgres or Valkey outage: it retries the same batch, dead-letters nothing), ``waiting_for``
+names the dependency; ``backoff`` is a loop that failed and is started again.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ __all__ = ["LoopState", "LoopStates", "supervise"]
 
 log = logging.getLogger(__name__)
 
-State = Literal["running", "backoff", "stopped"]
+State = Literal["running", "backoff", "waiting", "stopped"]
 
 
 @dataclass(slots=True)
@@ -43,18 +47,33 @@ class LoopState:
     restarts: int = 0
     last_error: str | None = None
     since: float = field(default_factory=time.time)
+    #: the dependency a ``waiting`` loop waits for (``postgres``, ``valkey``...)
+    waiting_for: str | None = None
 
     def failed(self, error: BaseException | str) -> None:
         """A loop that retries by itself met an error: it is backing off (readiness shows
         it) until :meth:`recovered`. Counted in ``restarts``."""
-        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        self.state, self.since, self.last_error = "backoff", time.time(), text
+        self.state, self.since, self.last_error = "backoff", time.time(), _text(error)
+        self.waiting_for = None
         self.restarts += 1
+
+    def waiting(self, dependency: str, error: BaseException | str) -> None:
+        """The loop is paused until ``dependency`` is back (it retries the same work; not a
+        restart). ``since`` keeps the start of the wait."""
+        if self.state != "waiting" or self.waiting_for != dependency:
+            self.state, self.since, self.waiting_for = "waiting", time.time(), dependency
+        self.last_error = _text(error)
 
     def recovered(self) -> None:
         """The loop works again (no-op while it is running)."""
         if self.state != "running":
-            self.state, self.since = "running", time.time()
+            self.state, self.since, self.waiting_for = "running", time.time(), None
+
+    def describe(self) -> str:
+        """``running``, ``backoff``, ``waiting for postgres``, ``stopped``."""
+        if self.state == "waiting" and self.waiting_for:
+            return f"waiting for {self.waiting_for}"
+        return self.state
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -62,7 +81,12 @@ class LoopState:
             "restarts": self.restarts,
             "last_error": self.last_error,
             "since": self.since,
+            "waiting_for": self.waiting_for,
         }
+
+
+def _text(error: BaseException | str) -> str:
+    return error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
 
 class LoopStates:
@@ -75,7 +99,7 @@ class LoopStates:
         return self._states.setdefault(name, LoopState())
 
     def snapshot(self) -> dict[str, dict[str, object]]:
-        """``{name: {"state", "restarts", "last_error", "since"}}`` (stable shape)."""
+        """``{name: {"state", "restarts", "last_error", "since", "waiting_for"}}``."""
         return {name: s.to_dict() for name, s in sorted(self._states.items())}
 
     def all_running(self) -> bool:
@@ -84,7 +108,7 @@ class LoopStates:
     def problem(self) -> str | None:
         """``None`` when every loop runs; else the loops that do not, and why (readiness)."""
         bad = [
-            f"{name} {s.state}" + (f" ({s.last_error})" if s.last_error else "")
+            f"{name} {s.describe()}" + (f" ({s.last_error})" if s.last_error else "")
             for name, s in sorted(self._states.items())
             if s.state != "running"
         ]
@@ -101,7 +125,7 @@ async def _run_supervised(
 ) -> None:
     backoff = min_backoff
     while True:
-        st.state, st.since = "running", time.time()
+        st.state, st.since, st.waiting_for = "running", time.time(), None
         started = time.monotonic()
         try:
             await factory()
@@ -115,6 +139,7 @@ async def _run_supervised(
         if time.monotonic() - started >= healthy_after_s:
             backoff = min_backoff
         st.state, st.since, st.last_error = "backoff", time.time(), error
+        st.waiting_for = None
         await asyncio.sleep(backoff)
         st.restarts += 1
         backoff = min(max_backoff, backoff * 2)

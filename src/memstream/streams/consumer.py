@@ -30,6 +30,10 @@ Commits (at-least-once):
   in the rebalance listener before partitions are revoked. The listener waits for the batch
   in hand to finish first; records polled before a rebalance but not yet dispatched are
   dropped and fetched again from the committed offsets;
+- a batch whose store is away (:class:`~memstream.streams.processor.DependencyDown`) is
+  sought back and handed over again after a pause (0.5 s doubling to ``MAX_PAUSE_S``), for
+  as long as the outage lasts; none of it is committed or dead-lettered meanwhile, and the
+  loop state reads ``waiting for <store>`` until the batch goes through;
 - a crash between an effect and its commit re-delivers the record (handlers are
   idempotent). A failed commit is logged and retried with the next one. Should dispatching
   itself fail (a bug: the dispatcher handles every handler error), the partitions are sought
@@ -75,6 +79,7 @@ from memstream.schemas.topics import Topics
 from memstream.streams.coverage import CoverageStore, PartitionCoverage
 from memstream.streams.processor import (
     RETRY_FOR_HEADER,
+    DependencyDown,
     Dispatcher,
     EventMeta,
     Processor,
@@ -105,6 +110,9 @@ POLL_TIMEOUT_S = 0.5
 #: Backoff of the consume loop after an error (doubling; reset by a good iteration).
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
+#: Longest wait between two tries of a batch paused on a dependency outage (after the
+#: dispatcher's own in-place retries): a store that is back is used within about this.
+MAX_PAUSE_S = 5.0
 #: How long ``stop`` lets the batch in hand finish before cancelling it.
 STOP_GRACE_S = 10.0
 
@@ -275,6 +283,7 @@ class ProcessorConsumer:
         self._gap_gauge = metrics.projection_gap.labels(processor.name)
         self._lock = asyncio.Lock()  # held while a batch is dispatched and by the listener
         self._epoch = 0  # bumped on every revoke: older polls are stale
+        self._paused_epoch = -1  # the epoch in which a batch last paused on an outage
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._last_commit_at = time.monotonic()
@@ -328,7 +337,9 @@ class ProcessorConsumer:
     # --- loop --------------------------------------------------------------------------------
     async def _run(self) -> None:
         backoff = MIN_BACKOFF_S
+        pause = MIN_BACKOFF_S
         while not self._stopping:
+            batch: list[RawRecord] = []
             try:
                 epoch = self._epoch
                 batch, offsets = await self._poll()
@@ -350,6 +361,24 @@ class ProcessorConsumer:
                         await self._commit()
             except asyncio.CancelledError:
                 raise
+            except DependencyDown as e:
+                # a store is away (the batch was sought back, nothing committed or
+                # dead-lettered): wait for it, then hand the same batch over again
+                if self.state.state != "waiting":
+                    log.warning(
+                        "%s: waiting for %s (%s); the batch is retried every %.1f-%.0fs "
+                        "until it is back, nothing is dead-lettered",
+                        self.processor.name,
+                        e.dependency,
+                        e.cause,
+                        MIN_BACKOFF_S,
+                        MAX_PAUSE_S,
+                    )
+                self.state.waiting(e.dependency, e.cause)
+                self._dispatcher.paused_on = e.dependency
+                self._paused_epoch = self._epoch
+                await asyncio.sleep(pause)
+                pause = min(MAX_PAUSE_S, pause * 2)
             except KafkaError as e:
                 self.state.failed(e)
                 log.warning(
@@ -367,10 +396,13 @@ class ProcessorConsumer:
                 await asyncio.sleep(backoff)
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
             else:
+                if self.state.state == "waiting" and not batch and epoch == self._paused_epoch:
+                    continue  # not re-read yet: waiting until the batch goes through
                 if self.state.state != "running":
-                    log.info("%s: consuming again", self.processor.name)
+                    log.info("%s: consuming again (%s)", self.processor.name, self.state.describe())
                 self.state.recovered()
-                backoff = MIN_BACKOFF_S
+                self._dispatcher.paused_on = None
+                backoff = pause = MIN_BACKOFF_S
 
     async def _poll(self) -> tuple[list[RawRecord], dict[TopicPartition, int]]:
         """One batch and the offsets to commit once it is handled. A gap (see module doc)
@@ -455,13 +487,17 @@ class ProcessorConsumer:
             self._covered(records)
             return
         tps = {(tp.topic, tp.partition): tp for tp in offsets}
-        for rec in records:
-            await self._dispatcher.dispatch([rec])
-            tp = tps[(rec.meta.topic, rec.meta.partition)]
-            if rec.meta.offset + 1 > self._pending.get(tp, -1):
-                self._pending[tp] = rec.meta.offset + 1
-            self._next[tp] = rec.meta.offset + 1
-        self._covered(records)
+        done = 0
+        try:
+            for rec in records:
+                await self._dispatcher.dispatch([rec])
+                tp = tps[(rec.meta.topic, rec.meta.partition)]
+                if rec.meta.offset + 1 > self._pending.get(tp, -1):
+                    self._pending[tp] = rec.meta.offset + 1
+                self._next[tp] = rec.meta.offset + 1
+                done += 1
+        finally:  # those handled before a pause are applied (and committable) too
+            self._covered(records[:done])
 
     def _covered(self, records: Sequence[RawRecord]) -> None:
         """Record the offsets of ``records`` as applied (their effects are durable)."""

@@ -18,18 +18,26 @@ error.
   carry the sealed bytes;
 - raw bytes are decoded with :func:`memstream.schemas.events.decode`; a ``DecodeError``
   sends the record to the dead-letter topic at once (retrying cannot fix bad bytes);
-- a :class:`~memstream.errors.RetryableInfraError` from the handler is retried with
-  exponential backoff, up to ``RetryPolicy.attempts`` tries;
-- any other exception, or retries exhausted, sends the record to the dead-letter topic
-  (a ``dlq.dead_letter`` envelope keyed by the original key, carrying the error, the
-  processor name, origin topic/partition/offset and the raw payload) and processing goes on;
+- a **dependency outage** is not a poison record. An error that says a store is away
+  (:func:`memstream.infra.outage.is_transient`: a ``RetryableInfraError`` from an adapter,
+  connection refused/reset, a timeout, a closed pool, an admin shutdown...) is retried in
+  place with exponential backoff, up to ``RetryPolicy.attempts`` tries (a blip costs no
+  re-read); if the store is still away, :meth:`Dispatcher.dispatch` raises
+  :class:`DependencyDown` naming it (``postgres``, ``valkey``, ``kafka``...). Nothing of the
+  batch is dead-lettered or committed: the consumer seeks back, reports the loop as
+  ``waiting for postgres``, backs off and hands the same batch over again, for as long as
+  the outage lasts;
+- any other exception (the record cannot be applied: a decode or validation error) sends
+  the record to the dead-letter topic (a ``dlq.dead_letter`` envelope keyed by the original
+  key, carrying the error, the processor name, origin topic/partition/offset and the raw
+  payload) and processing goes on;
 - a batch that failed permanently is retried one record at a time, so only the records that
   fail on their own are dead-lettered (the others may therefore be handled twice: handlers
-  are idempotent); a batch whose retries were exhausted is dead-lettered whole (no record is
-  to blame; ``memstream dlq retry`` re-publishes it once the store is back);
+  are idempotent); a dependency outage met while isolating pauses the batch as above (a
+  record already dead-lettered is not dead-lettered again when the batch comes back);
 - :meth:`Dispatcher.dispatch` returns only once every record of the batch was either handled
-  or durably written to the dead-letter topic; the consumer commits offsets only then
-  (:mod:`memstream.streams.consumer`).
+  or durably written to the dead-letter topic, or raises :class:`DependencyDown`; the
+  consumer commits offsets only after it returned (:mod:`memstream.streams.consumer`).
   Publishing to the dead-letter topic is retried until it succeeds or the task is cancelled,
   so a record is never acknowledged without one of the two outcomes.
 
@@ -51,15 +59,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from memstream.errors import RetryableInfraError
+from memstream.errors import RetryableInfraError, StoreUnavailable
 from memstream.infra.data_keys import Keyring, thread_scope
 from memstream.infra.logs import event_extra
 from memstream.infra.metrics import Metrics
+from memstream.infra.outage import dependency_of, is_transient
 from memstream.infra.settings import Settings
 from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
 from memstream.schemas.topics import Topics
 
 __all__ = [
+    "DependencyDown",
     "Dispatcher",
     "EventMeta",
     "Processor",
@@ -110,9 +120,27 @@ class Received:
     meta: EventMeta
 
 
+class DependencyDown(StoreUnavailable):
+    """A batch could not be applied because ``dependency`` stayed away through the in-place
+    retries (``cause`` is the last error). Raised by :meth:`Dispatcher.dispatch`: the
+    consumer pauses and hands the same batch over again; nothing was dead-lettered."""
+
+    def __init__(self, dependency: str, cause: BaseException) -> None:
+        super().__init__(f"{dependency} is unavailable: {type(cause).__name__}: {cause}")
+        self.dependency = dependency
+        self.cause = cause
+
+    @classmethod
+    def of(cls, error: BaseException) -> DependencyDown:
+        if isinstance(error, DependencyDown):
+            return error
+        return cls(dependency_of(error) or "a dependency", error)
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Bounded exponential backoff for :class:`RetryableInfraError` (delays in seconds)."""
+    """Bounded exponential backoff of the in-place retries of a transient error (delays in
+    seconds); past it, the batch is paused (:class:`DependencyDown`)."""
 
     attempts: int = 6
     first_delay: float = 0.1
@@ -158,8 +186,10 @@ class Processor(abc.ABC):
 
     Subclasses set ``name`` and ``topic`` (class attributes or in ``__init__``) and override
     :meth:`handle` or, with ``batch_max > 1``, :meth:`handle_batch`. A handler returns
-    normally once its effect is applied (durably); it raises ``RetryableInfraError`` for
-    transient failures (retried) and anything else for permanent ones (dead-lettered).
+    normally once its effect is applied (durably); it raises ``RetryableInfraError`` (or
+    lets a driver's connection error through) when a dependency is away (retried, then the
+    processor pauses until it is back) and anything else when the record cannot be applied
+    (dead-lettered).
     """
 
     name: str
@@ -225,6 +255,11 @@ class Dispatcher:
         self._errors_retry = metrics.processor_errors.labels(name, "retry")
         self._shredded = metrics.shredded_records.labels(name)
         self._processed: dict[str, Any] = {}  # topic -> counter child (labels() is slow)
+        #: records dead-lettered by a dispatch that then paused on an outage: not again
+        #: when the same batch comes back (cleared once a dispatch completes)
+        self._lettered: set[tuple[str, int, int]] = set()
+        #: set by the consumer while it waits for a dependency: retries log quietly
+        self.paused_on: str | None = None
 
     async def dispatch(self, records: Sequence[RawRecord]) -> None:
         """Handle ``records`` (one batch, in order). Returns when each is applied or in the DLQ."""
@@ -257,28 +292,30 @@ class Dispatcher:
         started = time.perf_counter()
         if good:
             error = await self._run(good)
-            if isinstance(error, RetryableInfraError):
-                # The store stayed away through every retry: no record is to blame, so do
-                # not split (that would retry each one again); dead-letter them all.
-                for item in good:
-                    await self._fail(item, error, records)
-            elif error is not None and len(good) > 1:
+            if error is not None and is_transient(error):
+                # The store stayed away through the in-place retries: no record is to
+                # blame. Pause (the consumer re-reads the batch); never dead-letter.
+                raise DependencyDown.of(error)
+            if error is not None and len(good) > 1:
                 # Isolate the bad records: only those that fail alone go to the DLQ.
                 for item in good:
                     single = await self._run([item])
+                    if single is not None and is_transient(single):
+                        raise DependencyDown.of(single)
                     if single is not None:
                         await self._fail(item, single, records)
             elif error is not None:
                 await self._fail(good[0], error, records)
         self._latency.observe(time.perf_counter() - started)
         self._count(records)
+        self._lettered.clear()
 
     async def _open(self, keyring: Keyring, records: Sequence[RawRecord]) -> list[RawRecord]:
         """Open sealed records (crypto-shredding). A shredded one (its key was destroyed by
         an erasure) is counted and skipped, never dead-lettered; the others go on in
         plaintext, their sealed bytes kept for a dead letter (which must not hold content).
-        Postgres away: retried like a handler's ``RetryableInfraError``, then raised (the
-        consumer rewinds the batch)."""
+        Postgres away: retried like a handler's transient error, then
+        :class:`DependencyDown` (the consumer pauses and re-reads the batch)."""
         self._sealed.clear()
         attempt = 0
         while True:
@@ -289,9 +326,12 @@ class Dispatcher:
             except RetryableInfraError as e:
                 self._errors_retry.inc()
                 if attempt >= self._retry.attempts:
-                    raise
-                log.warning(
-                    "%s: opening sealed records failed (%s); retrying", self.processor.name, e
+                    raise DependencyDown.of(e) from e
+                log.log(
+                    logging.DEBUG if self.paused_on else logging.WARNING,
+                    "%s: opening sealed records failed (%s); retrying",
+                    self.processor.name,
+                    e,
                 )
                 await asyncio.sleep(self._retry.delay(attempt))
         out: list[RawRecord] = []
@@ -321,18 +361,20 @@ class Dispatcher:
         """The same rules for a ``raw`` processor: its handler decodes."""
         started = time.perf_counter()
         error = await self._attempt(lambda: self.processor.handle_raw(records), records[0].meta)
-        if isinstance(error, RetryableInfraError):
-            for rec in records:
-                await self._fail_raw(rec, error)
-        elif error is not None and len(records) > 1:
+        if error is not None and is_transient(error):
+            raise DependencyDown.of(error)
+        if error is not None and len(records) > 1:
             for rec in records:
                 single = await self._attempt(partial(self.processor.handle_raw, [rec]), rec.meta)
+                if single is not None and is_transient(single):
+                    raise DependencyDown.of(single)
                 if single is not None:
                     await self._fail_raw(rec, single)
         elif error is not None:
             await self._fail_raw(records[0], error)
         self._latency.observe(time.perf_counter() - started)
         self._count(records)
+        self._lettered.clear()
 
     async def _fail_raw(self, rec: RawRecord, error: BaseException) -> None:
         if isinstance(error, DecodeError):
@@ -371,12 +413,17 @@ class Dispatcher:
             attempt += 1
             try:
                 await call()
-            except RetryableInfraError as e:
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if not is_transient(e):
+                    return e  # the record cannot be applied: isolated, then dead-lettered
                 self._errors_retry.inc()
                 if attempt >= self._retry.attempts:
                     return e
-                log.warning(
-                    "%s: retryable error at %s[%d]@%d (attempt %d/%d): %s",
+                log.log(
+                    logging.DEBUG if self.paused_on else logging.WARNING,
+                    "%s: transient error at %s[%d]@%d (attempt %d/%d): %s",
                     self.processor.name,
                     first.topic,
                     first.partition,
@@ -389,10 +436,6 @@ class Dispatcher:
                     ),
                 )
                 await asyncio.sleep(self._retry.delay(attempt))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                return e
             else:
                 return None
 
@@ -420,6 +463,9 @@ class Dispatcher:
         agent_id: str = "",
         exc: BaseException | None = None,
     ) -> None:
+        origin = (meta.topic, meta.partition, meta.offset)
+        if origin in self._lettered:
+            return  # this batch paused on an outage after dead-lettering it: once is enough
         env = dead_letter(
             raw=self._sealed.get(meta, raw),
             error=error,
@@ -456,4 +502,5 @@ class Dispatcher:
                 log.warning("%s: DLQ publish failed, retrying: %s", self.processor.name, e)
                 await asyncio.sleep(delay)
                 delay = min(self._retry.max_delay, delay * 2)
+        self._lettered.add(origin)
         self._metrics.dead_letters.labels(self.processor.name, meta.topic).inc()
