@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from memstream.errors import InvalidRequest
+from memstream.infra import redis_keys
 from memstream.schemas.events import Envelope, message_appended
 from memstream.schemas.records import Message, ThreadRef
 from memstream.streams.counters import to_count
@@ -48,3 +49,12 @@ def test_a_malformed_message_names_the_field(overrides: dict[str, object], field
     with pytest.raises(InvalidRequest) as e:
         to_count(appended(**overrides))
     assert e.value.field == field
+
+
+def test_the_batch_script_builds_the_same_keys_as_redis_keys() -> None:
+    # thread_state's batch count script gets only thread_base(ref) and appends the names.
+    ref = ThreadRef("acc {x}", "agent*", "th:1")
+    base = redis_keys.thread_base(ref)
+    assert base + "counters" == redis_keys.counters(ref)
+    assert base + "summarized" == redis_keys.watermark(ref)
+    assert base + "counted:" + str(42) == redis_keys.message_claim(ref, 42)

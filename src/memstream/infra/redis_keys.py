@@ -48,6 +48,13 @@ def message_claim(ref: ThreadRef, offset: int) -> str:
     return _k(ref, f"counted:{offset}")
 
 
+def thread_base(ref: ThreadRef) -> str:
+    """What every key of the thread starts with (``ms:{tag}:``): the batch count script
+    (:mod:`memstream.infra.thread_state`) gets only this per thread and appends
+    ``counters``, ``summarized`` and ``counted:<offset>`` itself, as the functions above do."""
+    return _k(ref, "")
+
+
 def flush_claim(ref: ThreadRef, start: int, end: int) -> str:
     """The pre-compaction flush's claim for the span ``start..end`` (once per span)."""
     return _k(ref, f"flushed:{start}-{end}")

@@ -51,42 +51,83 @@ m = redis.call('HINCRBY', KEYS[1], 'messages', 1)
 return {1, t, m, wm}
 """
 
-# _COUNT for several messages of ONE thread, in order: KEYS = counters, watermark, then one
-# claim key per message; ARGV = claim ttl, then (offset, tokens) per message. Returns one
-# string (cheap to parse): "nowm" if the watermark is unknown, else "<wm> <tokens> <messages>
-# <s1>,<s2>,..." with the counters before the first message and one _COUNT status per
-# message (the counters after message i follow by adding the counted ones up to i). The
-# script is atomic, so one HINCRBY per counter at the end equals one per message.
+# _COUNT for the messages of many threads, each thread's in order. KEYS = one per thread, its
+# key base (redis_keys.thread_base, "ms:{tag}:"; the script appends "counters", "summarized"
+# and "counted:<offset>" like redis_keys does); ARGV = claim ttl, then per thread its
+# messages as one string "<offset> <tokens> <offset> <tokens> ...". Two arguments per thread
+# instead of three per message, and one script per batch, because packing a pipelined
+# EVALSHA's arguments in redis-py cost ~3x the script's own run time (docs/streams.md). The
+# script spans threads, so hash slots: memstream talks to one Redis/Valkey node (a Cluster
+# client would have to split a batch by slot). Returns one string (a list reply costs a
+# readline per element in redis-py), a part per thread joined by "|": "nowm" if its watermark
+# is unknown, else "<wm> <tokens> <messages> <s1>,<s2>,..." with the counters before its
+# first message and one _COUNT status per message (the counters after message i follow by
+# adding the counted ones up to i). The script is atomic, so one HINCRBY per counter at the
+# end equals one per message.
 _COUNT_MANY: Final = """
-local wm = redis.call('GET', KEYS[2])
-if not wm then return 'nowm' end
-wm = tonumber(wm)
-local c = redis.call('HMGET', KEYS[1], 'tokens', 'messages')
-local t, m = tonumber(c[1]) or 0, tonumber(c[2]) or 0
-local st = {}
-local dt, dm = 0, 0
-for i = 1, #KEYS - 2 do
-  local off, tok = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  if off <= wm then
-    st[i] = -1
-  elseif not redis.call('SET', KEYS[2 + i], '1', 'NX', 'EX', ARGV[1]) then
-    st[i] = 0
+local ttl = ARGV[1]
+local out = {}
+for j = 1, #KEYS do
+  local base = KEYS[j]
+  local ck, pre = base .. 'counters', base .. 'counted:'
+  local wm = redis.call('GET', base .. 'summarized')
+  if not wm then
+    out[j] = 'nowm'
   else
-    st[i] = 1
-    dt = dt + tok; dm = dm + 1
+    wm = tonumber(wm)
+    local c = redis.call('HMGET', ck, 'tokens', 'messages')
+    local t, m = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+    local st, n, dt, dm = {}, 0, 0, 0
+    local words = string.gmatch(ARGV[j + 1], '%S+')
+    for off in words do
+      local tok = tonumber(words())
+      n = n + 1
+      if tonumber(off) <= wm then
+        st[n] = -1
+      elseif not redis.call('SET', pre .. off, '1', 'NX', 'EX', ttl) then
+        st[n] = 0
+      else
+        st[n] = 1
+        dt = dt + tok; dm = dm + 1
+      end
+    end
+    if dm > 0 then
+      redis.call('HINCRBY', ck, 'tokens', dt)
+      redis.call('HINCRBY', ck, 'messages', dm)
+    end
+    out[j] = string.format('%d %d %d ', wm, t, m) .. table.concat(st, ',')
   end
 end
-if dm > 0 then
-  redis.call('HINCRBY', KEYS[1], 'tokens', dt)
-  redis.call('HINCRBY', KEYS[1], 'messages', dm)
-end
-return string.format('%d %d %d ', wm, t, m) .. table.concat(st, ',')
+return table.concat(out, '|')
 """
 
 _CLAIM_GUARD: Final = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 1 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then return 2 end
 return 0
+"""
+
+# _CLAIM_GUARD for many spans: KEYS = one guard per thread; ARGV = ttl, then per thread its
+# span ends in order as one string "<up_to> <up_to> ...". Returns one digit per span (the
+# _CLAIM_GUARD result), a part per thread joined by "|": the same as the calls one by one.
+_CLAIM_GUARDS: Final = """
+local ttl = ARGV[1]
+local out = {}
+for j = 1, #KEYS do
+  local k, st, n = KEYS[j], {}, 0
+  for up in string.gmatch(ARGV[j + 1], '%S+') do
+    n = n + 1
+    if redis.call('SET', k, up, 'NX', 'EX', ttl) then
+      st[n] = '1'
+    elseif redis.call('GET', k) == up then
+      st[n] = '2'
+    else
+      st[n] = '0'
+    end
+  end
+  out[j] = table.concat(st)
+end
+return table.concat(out, '|')
 """
 
 _APPLY_SUMMARY: Final = """
@@ -146,6 +187,7 @@ class ThreadState:
         self._count = redis.register_script(_COUNT)
         self._count_many = redis.register_script(_COUNT_MANY)
         self._claim_guard = redis.register_script(_CLAIM_GUARD)
+        self._claim_guards = redis.register_script(_CLAIM_GUARDS)
         self._apply = redis.register_script(_APPLY_SUMMARY)
         self._release = redis.register_script(_RELEASE)
 
@@ -183,22 +225,16 @@ class ThreadState:
         for i, (ref, _, _) in enumerate(items):
             by_thread.setdefault(ref, []).append(i)
 
-        async def run() -> list[object]:
-            pipe = self._redis.pipeline(transaction=False)
-            for ref, idx in by_thread.items():
-                keys = [redis_keys.counters(ref), redis_keys.watermark(ref)]
-                args: list[int] = [claim_ttl_s]
-                for i in idx:
-                    _, offset, tokens = items[i]
-                    keys.append(redis_keys.message_claim(ref, offset))
-                    args += [offset, max(0, tokens)]
-                await self._count_many(keys=keys, args=args, client=pipe)
-            return cast(list[object], await pipe.execute())
-
-        raws = await _call(run, "counting messages")
+        keys = [redis_keys.thread_base(ref) for ref in by_thread]
+        args: list[int | str] = [claim_ttl_s]
+        args += (
+            " ".join(f"{items[i][1]} {max(0, items[i][2])}" for i in idx)
+            for idx in by_thread.values()
+        )
+        raw = await _call(lambda: self._count_many(keys=keys, args=args), "counting messages")
+        reply = raw.decode() if isinstance(raw, bytes) else str(raw)
         out: list[CountResult | None] = [None] * len(items)
-        for idx, raw in zip(by_thread.values(), raws, strict=True):
-            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        for idx, text in zip(by_thread.values(), reply.split("|"), strict=True):
             if text == "nowm":
                 for i in idx:
                     out[i] = CountResult("no_watermark", 0, 0, -1)
@@ -251,20 +287,23 @@ class ThreadState:
         return int(cast(int, res)) > 0
 
     async def claim_guards(self, spans: Sequence[tuple[ThreadRef, int]], ttl_s: int) -> list[bool]:
-        """:meth:`claim_guard` for each ``(ref, up_to_offset)``, in order, pipelined."""
+        """:meth:`claim_guard` for each ``(ref, up_to_offset)``, in order: one script for all
+        (each thread's spans in the given order), the same results as the calls one by one."""
         if not spans:
             return []
-
-        async def run() -> list[object]:
-            pipe = self._redis.pipeline(transaction=False)
-            for ref, up_to in spans:
-                await self._claim_guard(
-                    keys=[redis_keys.guard(ref)], args=[up_to, ttl_s], client=pipe
-                )
-            return cast(list[object], await pipe.execute())
-
-        raws = await _call(run, "taking summary guards")
-        return [int(cast(int, r)) > 0 for r in raws]
+        by_thread: dict[ThreadRef, list[int]] = {}
+        for i, (ref, _) in enumerate(spans):
+            by_thread.setdefault(ref, []).append(i)
+        keys = [redis_keys.guard(ref) for ref in by_thread]
+        args: list[int | str] = [ttl_s]
+        args += (" ".join(str(spans[i][1]) for i in idx) for idx in by_thread.values())
+        raw = await _call(lambda: self._claim_guards(keys=keys, args=args), "taking summary guards")
+        reply = raw.decode() if isinstance(raw, bytes) else str(raw)
+        out = [False] * len(spans)
+        for idx, digits in zip(by_thread.values(), reply.split("|"), strict=True):
+            for i, d in zip(idx, digits, strict=True):
+                out[i] = d != "0"
+        return out
 
     async def apply_summary(
         self, ref: ThreadRef, last_offset: int, tokens: int, messages: int
