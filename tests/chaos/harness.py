@@ -151,6 +151,61 @@ class Up:
         )
 
 
+class Worker:
+    """``memstream worker NAMES`` beside ``up`` on its data dir, against up's servers (read
+    from its state file), output to a log file. Scale-out and processor crashes."""
+
+    def __init__(self, up: Up, names: list[str], tag: str) -> None:
+        self.up = up
+        self.names = names
+        self.log = up.data_dir.parent / f"{up.data_dir.name}-worker-{tag}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120) -> None:
+        st = self.up.state()
+        env = {
+            **self.up.env,
+            "MEMSTREAM_KAFKA_BOOTSTRAP": str(st["kafka_bootstrap"]),
+            "MEMSTREAM_POSTGRES_DSN": str(st["postgres_dsn"]),
+            "MEMSTREAM_REDIS_URL": str(st["redis_url"]),
+        }
+        with self.log.open("ab") as out:
+            start = out.tell()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "memstream", "worker", *self.names]
+                + ["--data-dir", str(self.up.data_dir)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log.read_bytes()[start:].decode("utf-8", "replace")
+            if "memstream worker ready" in text:
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.kill9()
+        tail = self.log.read_text(encoding="utf-8", errors="replace")[-4000:]
+        raise AssertionError(f"memstream worker {self.names} never got ready:\n{tail}")
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        """SIGTERM: the worker finishes its batches, commits and leaves its groups."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+
 async def bind_memory(url: str) -> None:
     """Give the load's agent the Memory capability (once, after the first start)."""
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as client:
@@ -507,6 +562,41 @@ async def check_journal(data_dir: Path, ledger: Ledger, report: Report) -> None:
         await journal.close()
 
 
+def check_summaries(data_dir: Path, ledger: Ledger, report: Report) -> None:
+    """Every summary version of every thread written once: versions dense from 1, each
+    covering more of the thread than the last, and each one's message count equal to the
+    messages it covers (a span folded twice, or skipped, breaks that). Reads the local
+    object store's files, so it runs while ``up`` does."""
+    from memstream.infra.summary_store import thread_folder
+    from memstream.schemas.records import ThreadRef
+
+    st = report.store("summaries")
+    for thread in ledger.messages:
+        folder = data_dir / "objects" / thread_folder(ThreadRef(ACCOUNT, AGENT, thread))
+        docs: dict[int, dict[str, object]] = {}
+        for f in folder.glob("summary.v*.json"):
+            doc = json.loads(f.read_text(encoding="utf-8"))
+            docs[int(f.name.removeprefix("summary.v").removesuffix(".json"))] = doc
+        last = -1
+        for v in range(1, len(docs) + 1):
+            st.acknowledged += 1
+            doc = docs.get(v)
+            if doc is None:
+                report.problems.append(f"{thread}: summary versions not dense: {sorted(docs)}")
+                break
+            end, count = doc["last_message_offset"], doc["message_count"]
+            assert isinstance(end, int) and isinstance(count, int)
+            if end <= last:
+                st.double(f"{thread} v{v} ends at {end}, v{v - 1} at {last}")
+            elif count != end + 1:
+                (st.double if count > end + 1 else st.miss)(
+                    f"{thread} v{v}: {count} messages folded for offsets 0..{end}"
+                )
+            else:
+                st.found += 1
+            last = end
+
+
 # --- faults ------------------------------------------------------------------------------------
 async def restart_child(up: Up, name: str, wait_s: float = 3.0) -> None:
     """SIGKILL ``up``'s child ``name``; if ``up`` has not brought it back after ``wait_s``,
@@ -586,3 +676,58 @@ async def publish_malformed(up: Up) -> None:
         )
     finally:
         await p.stop()
+
+
+async def add_partitions(up: Up, total: int, topics: tuple[str, ...] = ("journal",)) -> None:
+    """Raise the partition count of ``topics`` (suffixes) to ``total`` (Kafka admin
+    ``create_partitions``), as an operator scaling out would."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+
+    st = up.state()
+    prefix = st.get("topic_prefix") or "memstream."
+    assert isinstance(prefix, str)
+    admin = AIOKafkaAdminClient(bootstrap_servers=str(st["kafka_bootstrap"]))
+    await admin.start()
+    try:
+        await admin.create_partitions({f"{prefix}{t}": NewPartitions(total) for t in topics})
+    finally:
+        await admin.close()
+
+
+async def records_per_partition(up: Up, topic: str = "journal") -> dict[int, int]:
+    """How many records each partition of ``topic`` (suffix) holds now."""
+    from memstream.streams.lag import end_offsets
+
+    st = up.state()
+    prefix = st.get("topic_prefix") or "memstream."
+    name = f"{prefix}{topic}"
+    starts, highs = await end_offsets(str(st["kafka_bootstrap"]), [name])
+    return {tp.partition: n - starts.get(tp, 0) for tp, n in highs.items()}
+
+
+async def group_members(up: Up, group: str) -> tuple[str, int]:
+    """(state, number of members) of consumer group ``group`` (Kafka DescribeGroups)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=str(up.state()["kafka_bootstrap"]))
+    await admin.start()
+    try:
+        (resp,) = await admin.describe_consumer_groups([group])
+    finally:
+        await admin.close()
+    g = resp.groups[0]  # (error_code, group_id, state, protocol_type, protocol, members, ...)
+    return str(g[2]), len(g[5])
+
+
+async def wait_members(up: Up, groups: tuple[str, ...], members: int, timeout: float = 90) -> float:
+    """Seconds until every group in ``groups`` is Stable with ``members`` members."""
+    t0 = time.monotonic()
+    last: dict[str, tuple[str, int]] = {}
+    while time.monotonic() - t0 < timeout:
+        for g in groups:
+            with contextlib.suppress(Exception):
+                last[g] = await group_members(up, g)
+        if all(last.get(g) == ("Stable", members) for g in groups):
+            return time.monotonic() - t0
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"groups never reached {members} stable members: {last}")

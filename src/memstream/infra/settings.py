@@ -50,6 +50,14 @@ class Settings(BaseSettings):
     topic_prefix: str = DEFAULT_PREFIX
     partitions: int = Field(default=4, ge=1)
     replication_factor: int = Field(default=1, ge=1)
+    kafka_metadata_max_age_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="How often producers and consumers re-read topic metadata: a partition "
+        "added to a topic is written and consumed within about this long (aiokafka's own "
+        "default, 5 min, left new partitions unused that long).",
+    )
     seal_topics: bool = Field(
         default=True,
         description="Encrypt what is published to Kafka with per-thread / per-user data keys "

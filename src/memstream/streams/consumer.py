@@ -265,6 +265,8 @@ class ProcessorConsumer:
             session_timeout_ms=int(session * 1000),
             heartbeat_interval_ms=int(settings.consumer_heartbeat_interval_s * 1000),
             rebalance_timeout_ms=int(max(session * 2, 10.0) * 1000),
+            # a partition added to the topic is noticed (and the group rebalanced) this soon
+            metadata_max_age_ms=int(settings.kafka_metadata_max_age_s * 1000),
         )
         self._commit_interval = commit_interval_s
         #: this consume loop's supervised state (``infra.supervisor``: readiness, console)

@@ -143,7 +143,10 @@ class Runner:
             if not self._bootstrap.strip():
                 raise ValueError("kafka_bootstrap is empty: start the embedded broker or set it")
             self._producer = AIOKafkaProducer(
-                bootstrap_servers=self._bootstrap, acks="all", linger_ms=2
+                bootstrap_servers=self._bootstrap,
+                acks="all",
+                linger_ms=2,
+                metadata_max_age_ms=int(self.settings.kafka_metadata_max_age_s * 1000),
             )
             await self._producer.start()
             for name in self._names:

