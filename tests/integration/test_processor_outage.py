@@ -107,6 +107,8 @@ async def test_processors_pause_through_a_valkey_and_a_postgres_outage_and_lose_
     state = ThreadState(redis)
     summaries = SummaryStore(LocalStore(prefix=tmp_path / "objects", mkdir=True), redis)
     loops = LoopStates()
+    metrics = make_metrics()
+    metrics.track_states(loops=loops.snapshot)  # what /metrics exports (memstream_loop_*)
     runner = Runner(
         settings,
         {
@@ -115,7 +117,7 @@ async def test_processors_pause_through_a_valkey_and_a_postgres_outage_and_lose_
             ),
             "marker": lambda: Marker(redis, "applied"),
         },
-        make_metrics(),
+        metrics,
         lag_interval_s=None,
         keyring=Keyring(pool, cache_s=0.2),
         loops=loops,
@@ -125,7 +127,12 @@ async def test_processors_pause_through_a_valkey_and_a_postgres_outage_and_lose_
 
     def waiting_for(dep: str) -> bool:
         snap = loops.snapshot()
-        return all(s["state"] == "waiting" and s["waiting_for"] == dep for s in snap.values())
+        return all(
+            s["state"] == "waiting" and s["waiting_for"] == dep for s in snap.values()
+        ) and all(
+            metrics.sample("memstream_loop_waiting", {"loop": name, "dependency": dep}) == 1
+            for name in snap
+        )
 
     try:
         await relay.start()

@@ -27,12 +27,29 @@ recall_seconds                                 histogram  source (index, fallbac
 context_assembly_seconds                       histogram  -
 http_requests_total                            counter    method, route, status
 http_request_seconds                           histogram  method, route
+loop_state                                     gauge      loop, state (running, backoff,
+                                                          waiting, stopped): 1 for the
+                                                          current state, 0 for the others
+loop_waiting                                   gauge      loop, dependency (only while
+                                                          waiting)
+loop_restarts_total                            counter    loop
+server_up                                      gauge      server (1: running)
+server_state                                   gauge      server, state (running,
+                                                          restarting, failed, stopped)
+server_restarts_total                          counter    server
+ready                                          gauge      part (readiness: 1 ready)
 process_* (cpu, memory, open fds, start time)  various    -  (prometheus' ProcessCollector)
 =============================================  =========  ===================================
+
+The ``loop_*``, ``server_*`` and ``ready`` series are read at scrape time from the sources
+given to :meth:`Metrics.track_states` (the supervised loops' and the embedded servers'
+snapshots, readiness): they always say what ``/readyz`` says.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
 from prometheus_client import (
@@ -44,8 +61,22 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-__all__ = ["CONTENT_TYPE", "Metrics", "make_metrics"]
+__all__ = ["CONTENT_TYPE", "LOOP_STATES", "SERVER_STATES", "Metrics", "make_metrics"]
+
+log = logging.getLogger(__name__)
+
+#: ``{name: {"state": ..., "restarts": ..., ...}}`` (``LoopStates.snapshot``,
+#: ``Keepers.snapshot``)
+StateSnapshot = Callable[[], Mapping[str, Mapping[str, object]]]
+#: ``{part: ready}`` (``Readiness.parts``)
+PartsSnapshot = Callable[[], Mapping[str, bool]]
+
+#: every state a supervised loop can be in (``infra.supervisor``)
+LOOP_STATES: Final = ("running", "backoff", "waiting", "stopped")
+#: every state of a kept embedded server (``infra.embedded.keeper``)
+SERVER_STATES: Final = ("running", "restarting", "failed", "stopped")
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -186,6 +217,23 @@ class Metrics:
             registry=r,
         )
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
+        self._states = _StateCollector()
+        r.register(self._states)
+
+    def track_states(
+        self,
+        *,
+        loops: StateSnapshot | None = None,
+        servers: StateSnapshot | None = None,
+        parts: PartsSnapshot | None = None,
+    ) -> None:
+        """Export the loops', the servers' and readiness's states (read at each scrape)."""
+        if loops is not None:
+            self._states.loops = loops
+        if servers is not None:
+            self._states.servers = servers
+        if parts is not None:
+            self._states.parts = parts
 
     def render(self) -> bytes:
         """The registry in Prometheus text format (serve with :data:`CONTENT_TYPE`)."""
@@ -199,3 +247,93 @@ class Metrics:
 def make_metrics() -> Metrics:
     """A fresh registry with every memstream metric family (one per process)."""
     return Metrics()
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+class _StateCollector:
+    """The ``loop_*``, ``server_*`` and ``ready`` families, built from snapshots at scrape
+    time (a failing source drops its families from that scrape, never the scrape)."""
+
+    def __init__(self) -> None:
+        self.loops: StateSnapshot | None = None
+        self.servers: StateSnapshot | None = None
+        self.parts: PartsSnapshot | None = None
+
+    def describe(self) -> list[Metric]:
+        return []  # the families depend on the sources; none at registration
+
+    def collect(self) -> Iterator[Metric]:
+        builders: list[Callable[[], list[Metric]]] = []
+        if (loops := self.loops) is not None:
+            builders.append(lambda: _loop_families(loops()))
+        if (servers := self.servers) is not None:
+            builders.append(lambda: _server_families(servers()))
+        if (parts := self.parts) is not None:
+            builders.append(lambda: _ready_families(parts()))
+        for build in builders:
+            try:
+                families = build()
+            except Exception:  # noqa: BLE001 - a broken source never breaks /metrics
+                log.warning("metrics: a state source failed", exc_info=True)
+                continue
+            yield from families
+
+
+def _ready_families(parts: Mapping[str, bool]) -> list[Metric]:
+    ready = GaugeMetricFamily("memstream_ready", "Readiness per part (1: ready).", labels=["part"])
+    for part, ok in sorted(parts.items()):
+        ready.add_metric([part], 1.0 if ok else 0.0)
+    return [ready]
+
+
+def _loop_families(snap: Mapping[str, Mapping[str, object]]) -> list[Metric]:
+    state = GaugeMetricFamily(
+        "memstream_loop_state",
+        "Supervised loop state: 1 for the state it is in, 0 for the others.",
+        labels=["loop", "state"],
+    )
+    waiting = GaugeMetricFamily(
+        "memstream_loop_waiting",
+        "A loop paused until a dependency is back (1 while it waits).",
+        labels=["loop", "dependency"],
+    )
+    restarts = CounterMetricFamily(
+        "memstream_loop_restarts",
+        "Times a supervised loop failed and was started again (or backed off).",
+        labels=["loop"],
+    )
+    for name, st in sorted(snap.items()):
+        current = st.get("state")
+        for s in LOOP_STATES:
+            state.add_metric([name, s], 1.0 if current == s else 0.0)
+        dep = st.get("waiting_for")
+        if current == "waiting" and isinstance(dep, str):
+            waiting.add_metric([name, dep], 1.0)
+        restarts.add_metric([name], _number(st.get("restarts")))
+    return [state, waiting, restarts]
+
+
+def _server_families(snap: Mapping[str, Mapping[str, object]]) -> list[Metric]:
+    up = GaugeMetricFamily(
+        "memstream_server_up", "An embedded server is running (1) or not (0).", labels=["server"]
+    )
+    state = GaugeMetricFamily(
+        "memstream_server_state",
+        "Embedded server state: 1 for the state it is in, 0 for the others.",
+        labels=["server", "state"],
+    )
+    restarts = CounterMetricFamily(
+        "memstream_server_restarts",
+        "Times an embedded server that died was started again.",
+        labels=["server"],
+    )
+    for name, st in sorted(snap.items()):
+        current = st.get("state")
+        up.add_metric([name], 1.0 if current == "running" else 0.0)
+        for s in SERVER_STATES:
+            state.add_metric([name, s], 1.0 if current == s else 0.0)
+        restarts.add_metric([name], _number(st.get("restarts")))
+    return [up, state, restarts]

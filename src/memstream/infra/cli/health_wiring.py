@@ -23,6 +23,8 @@ redis, kafka): ``restarting`` or ``failed`` make the part not ready.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -31,8 +33,9 @@ from memstream.infra.readiness import Readiness
 
 if TYPE_CHECKING:
     from memstream.infra.cli.wiring import Stack
+    from memstream.infra.embedded.base import EmbeddedServer
 
-__all__ = ["SERVER_PART", "wire_readiness"]
+__all__ = ["SERVER_PART", "unkept_servers", "wire_readiness"]
 
 #: embedded server name -> the readiness part it serves
 SERVER_PART = {"postgres": "postgres", "valkey": "redis", "kafka": "kafka", "tansu": "kafka"}
@@ -111,8 +114,22 @@ def wire_readiness(stack: Stack, *, kafka: bool) -> Readiness:
         r.add_probe("object_store", svc.summary_store.ping, timeout_s=3.0)
     r.add_flag("loops", svc.loops.problem)
     r.add_section("loops", svc.loops.snapshot)
+    servers = None
     if stack.keepers is not None:
         for keeper in stack.keepers:
             r.add_flag(SERVER_PART.get(keeper.name, keeper.name), keeper.problem)
         r.add_section("servers", stack.keepers.snapshot)
+        servers = stack.keepers.snapshot
+    elif stack.servers:
+        servers = partial(unkept_servers, list(stack.servers))
+    # /metrics: memstream_loop_state, memstream_server_up, memstream_ready... (infra.metrics)
+    if svc.metrics is not None:
+        svc.metrics.track_states(loops=svc.loops.snapshot, servers=servers, parts=r.parts)
     return r
+
+
+def unkept_servers(servers: Sequence[EmbeddedServer]) -> dict[str, dict[str, object]]:
+    """The embedded servers' states without keepers (restarts off): running or stopped."""
+    return {
+        s.name: {"state": "running" if s.running else "stopped", "restarts": 0} for s in servers
+    }

@@ -296,6 +296,7 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
             names=list(names),
             keyring=svc.keyring,
             coverage=coverage,
+            loops=svc.loops,  # processor:<name> states: /readyz, the console, /metrics
         )
         await runner.start()
         stoppers.append(runner.stop)
