@@ -20,7 +20,8 @@ Every error we raise on purpose derives from :class:`MemstreamError`::
     │   └── JournalFenced         a newer writer took over; this one is closed  (HTTP 503)
     └── InfraError                an adapter failed talking to a real system
         ├── RetryableInfraError   transient: retry may succeed
-        │   └── StoreUnavailable  a store (Postgres, Valkey, the broker) is down (HTTP 503)
+        │   ├── StoreUnavailable  a store (Postgres, Valkey, the broker) is down (HTTP 503)
+        │   └── StoreBusy         a store did not grant a lock or a connection in time (HTTP 503)
         └── PermanentInfraError   will not succeed by retrying
             └── ServerStartError  an embedded server could not start
 
@@ -142,6 +143,13 @@ class RetryableInfraError(InfraError):
 
 class StoreUnavailable(RetryableInfraError):
     code = "store_unavailable"
+
+
+class StoreBusy(RetryableInfraError):
+    """Postgres did not give a connection, a lock or a statement's answer within its bound
+    (lock, statement or pool timeout): the request gave up instead of waiting for ever."""
+
+    code = "store_busy"
 
 
 class PermanentInfraError(InfraError):

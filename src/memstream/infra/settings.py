@@ -87,6 +87,15 @@ class Settings(BaseSettings):
     # --- postgres / redis -------------------------------------------------------------------
     postgres_dsn: SecretStr = Field(default=SecretStr(""), description="empty = embedded")
     redis_url: SecretStr = Field(default=SecretStr(""), description="empty = embedded")
+    postgres_acquire_timeout_s: float = Field(
+        default=10.0, gt=0, description="Memory import: longest wait for a pool connection."
+    )
+    postgres_lock_timeout_s: float = Field(
+        default=5.0, gt=0, description="Memory import: longest wait for a row or capacity lock."
+    )
+    postgres_statement_timeout_s: float = Field(
+        default=30.0, gt=0, description="Memory import: longest statement of one line."
+    )
 
     # --- object store (summary.json) ----------------------------------------------------------
     object_store_url: str = Field(default="", description="s3://bucket/prefix; empty = local.")

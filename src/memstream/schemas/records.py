@@ -76,7 +76,14 @@ def parse_time(value: object, name: str) -> datetime:
         t = datetime.fromisoformat(value)
     except ValueError:
         raise InvalidRequest(f"{name} must be an ISO-8601 time", field=name) from None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    t = t if t.tzinfo else t.replace(tzinfo=UTC)
+    if t.year in (1, 9999):  # only there can the UTC instant fall outside years 1-9999
+        try:
+            t.astimezone(UTC)
+        except OverflowError:
+            msg = f"{name} is out of range (years 1 to 9999 in UTC)"
+            raise InvalidRequest(msg, field=name) from None
+    return t
 
 
 def opt_time(d: Mapping[str, object], name: str) -> datetime | None:

@@ -141,14 +141,17 @@ async def import_entries(request: Request, caller: CallerDep, svc: ServicesDep) 
     entries = _entries(svc)
 
     async def lines() -> AsyncIterator[bytes]:
-        rest = b""
+        # a line may span chunks; only the unfinished tail is kept (linear in the body)
+        rest = bytearray()
         async for chunk in request.stream():
             rest += chunk
-            *done, rest = rest.split(b"\n")
-            for line in done:
-                yield line
+            start = 0
+            while (end := rest.find(b"\n", start)) >= 0:
+                yield bytes(rest[start:end])
+                start = end + 1
+            del rest[:start]
         if rest:
-            yield rest
+            yield bytes(rest)
 
     report = await entries.import_lines(caller, lines())
     return JSONResponse(report.to_dict())

@@ -270,6 +270,10 @@ class ImportLine:
     last_recalled_at: datetime | None
 
 
+#: the largest count Postgres stores (bigint)
+_MAX_COUNT: Final = 2**63 - 1
+
+
 def parse_import_line(raw: object, caller: Caller, now: datetime) -> ImportLine:
     """One NDJSON line (an exported entry) through the rules of ``memory_store``. An
     ordinary key imports only its own user's entries (``Forbidden`` for another user)."""
@@ -299,8 +303,14 @@ def parse_import_line(raw: object, caller: Caller, now: datetime) -> ImportLine:
     if times["expires_at"] is not None and times["expires_at"] <= now:
         raise InvalidRequest("expires_at has passed: the entry has expired", field="expires_at")
     recall_count = raw.get("recall_count", 0)
-    if isinstance(recall_count, bool) or not isinstance(recall_count, int) or recall_count < 0:
-        raise InvalidRequest("recall_count must be a non-negative integer", field="recall_count")
+    if (
+        isinstance(recall_count, bool)
+        or not isinstance(recall_count, int)
+        or not 0 <= recall_count <= _MAX_COUNT
+    ):
+        raise InvalidRequest(
+            f"recall_count must be an integer from 0 to {_MAX_COUNT}", field="recall_count"
+        )
     return ImportLine(
         req=req,
         created_at=times["created_at"],

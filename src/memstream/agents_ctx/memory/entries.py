@@ -16,7 +16,10 @@ Guarantees:
 - **Stable pages**: newest first by ``(created_at, owner, key)``, keyset cursor (see
   ``editing.Cursor``); live entries only.
 - **Import**: one transaction per line; a failed line writes nothing and is reported with
-  its (1-based) line number and error, the others go on.
+  its (1-based) line number and error, the others go on. A connection is held only for a
+  line's own transaction (never while the body streams in), and its waits for a
+  connection, a lock or a statement are bounded (``bounded.PgWaits``): past them the import
+  answers 503 ``store_busy`` with ``Retry-After`` instead of hanging.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import orjson
 
 from memstream.agents_ctx.access import MemoryBinding, require_memory
 from memstream.agents_ctx.memory import editing, policy
+from memstream.agents_ctx.memory.bounded import PgWaits, bounded_transaction
 from memstream.agents_ctx.memory.editing import Cursor, View
 from memstream.agents_ctx.memory.outbox import (
     ENTRY_COLUMNS,
@@ -41,8 +45,9 @@ from memstream.agents_ctx.memory.outbox import (
     tombstone_of_row,
     write_entry_if,
 )
+from memstream.agents_ctx.validation import check_json
 from memstream.clock import Clock
-from memstream.errors import Conflict, InvalidRequest, MemstreamError, NotFound
+from memstream.errors import Conflict, InvalidRequest, MemstreamError, NotFound, RetryableInfraError
 from memstream.schemas.records import Caller, Category, MemoryEntry, Visibility
 
 EXPORT_PAGE: Final = 500
@@ -121,9 +126,16 @@ def _where(view: View, filters: Filters, cursor: Cursor | None, args: list[objec
 class MemoryEntries:
     """Owning memory: the entries routes (HTTP, CLI and client go through these)."""
 
-    def __init__(self, pool: asyncpg.Pool, clock: Clock, binding: MemoryBinding) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        clock: Clock,
+        binding: MemoryBinding,
+        waits: PgWaits | None = None,
+    ) -> None:
         self._pool = pool
         self._clock = clock
+        self._waits = waits or PgWaits()
         # writes (PATCH, import) need Memory bound, like memory_store; reads (browse, get,
         # export) do not, so a user can always see and take what was stored about them
         self._binding = binding
@@ -229,34 +241,38 @@ class MemoryEntries:
     # --- import ---------------------------------------------------------------------------
     async def import_lines(self, caller: Caller, lines: AsyncIterable[bytes]) -> ImportReport:
         """Each non-blank line through ``memory_store``'s rules, idempotent by key and
-        content hash; bad lines are reported, not fatal."""
+        content hash; bad lines are reported, not fatal.
+
+        Bounded: a line is parsed and checked before any connection is taken, and a
+        connection is held only for that line's transaction (never while the body streams
+        in), whose lock and statement waits are bounded (``PgWaits``). A line that cannot
+        get its connection or lock in time stops the import with ``StoreBusy`` (503): the
+        lines before it are applied, and importing the same body again is safe."""
         await require_memory(self._binding, caller)
         report = ImportReport()
         number = 0
-        async with self._pool.acquire() as conn:
-            async for raw in lines:
-                number += 1
-                if not raw.strip():
-                    continue
-                try:
-                    status = await self._import_one(conn, caller, raw)
-                except MemstreamError as e:
-                    failure: dict[str, object] = {"line": number, "error": e.to_dict()}
-                    report.failed.append(failure)
-                    continue
-                setattr(report, status, getattr(report, status) + 1)
+        async for raw in lines:
+            number += 1
+            if not raw.strip():
+                continue
+            try:
+                line = editing.parse_import_line(_json_line(raw), caller, self._clock.now())
+                status = await self._import_one(caller, line, number)
+            except RetryableInfraError:
+                raise
+            except MemstreamError as e:
+                failure: dict[str, object] = {"line": number, "error": e.to_dict()}
+                report.failed.append(failure)
+                continue
+            setattr(report, status, getattr(report, status) + 1)
         return report
 
     async def _import_one(
-        self, conn: asyncpg.Connection, caller: Caller, raw: bytes
+        self, caller: Caller, line: editing.ImportLine, number: int
     ) -> Literal["created", "replaced", "unchanged"]:
         now = self._clock.now()
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise InvalidRequest(f"not valid JSON: {e}", field="line") from None
-        line = editing.parse_import_line(obj, caller, now)
-        async with conn.transaction():
+        entry = editing.imported_entry(line, caller.account_id, caller.agent_id, now)
+        async with bounded_transaction(self._pool, self._waits, f"import line {number}") as conn:
             row = await conn.fetchrow(
                 f"SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE account_id = $1 "
                 "AND agent_id = $2 AND owner = $3 AND key = $4 FOR UPDATE",
@@ -266,7 +282,6 @@ class MemoryEntries:
                 line.req.key,
             )
             existing = None if row is None else entry_of_row(row)
-            entry = editing.imported_entry(line, caller.account_id, caller.agent_id, now)
             live = existing is not None and not policy.is_expired(existing, now)
             if existing is not None and live and existing.content_hash == entry.content_hash:
                 return "unchanged"
@@ -279,6 +294,17 @@ class MemoryEntries:
                 usage = await capacity_usage(conn, written, now, without_itself=True)
                 policy.check_capacity(entry.category, entry.user_id, usage)
         return "replaced" if live else "created"
+
+
+def _json_line(raw: bytes) -> object:
+    """One NDJSON line as JSON, held to the same checks as a JSON body (no NUL character,
+    bounded nesting: ``validation.check_json``)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(f"not valid JSON: {e}", field="line") from None
+    check_json(obj, "")
+    return obj
 
 
 async def _write(conn: asyncpg.Connection, entry: MemoryEntry, found: int | None) -> MemoryEntry:

@@ -39,6 +39,7 @@ import asyncpg
 
 from memstream.agents_ctx.access import MemoryBinding, require_memory
 from memstream.agents_ctx.memory import policy, ranking
+from memstream.agents_ctx.memory.bounded import PgWaits
 from memstream.agents_ctx.memory.entries import MemoryEntries
 from memstream.agents_ctx.memory.outbox import (
     ENTRY_COLUMNS,
@@ -172,6 +173,7 @@ class MemoryService:
         index_timeout_s: float = INDEX_TIMEOUT_S,
         binding: MemoryBinding | None = None,
         semantic_screen: SemanticScreen | None = None,
+        pg_waits: PgWaits | None = None,
     ) -> None:
         self._pool = pool
         # the second injection screen, after the patterns (None: patterns only)
@@ -183,7 +185,7 @@ class MemoryService:
         self._clock = clock
         self._index = index
         self._metrics = metrics
-        self.entries = MemoryEntries(pool, clock, self._binding)
+        self.entries = MemoryEntries(pool, clock, self._binding, pg_waits)
         """Browse, edit, export and import (the entries routes)."""
 
     # --- memory_store ---------------------------------------------------------------------

@@ -45,6 +45,7 @@ def engines_needed(api: bool, processors: Sequence[str] | None) -> tuple[bool, b
 
 async def build_adapters(stack: Stack) -> list[Stopper]:
     """Fill ``stack.services`` with the shared adapters; returns their stoppers."""
+    from memstream.agents_ctx.memory.bounded import PgWaits
     from memstream.agents_ctx.memory.store import MemoryService
     from memstream.infra.llm import build_models
     from memstream.infra.summary_store import SummaryStore, open_object_store
@@ -77,6 +78,11 @@ async def build_adapters(stack: Stack) -> list[Stopper]:
         metrics=svc.metrics,
         binding=svc.accounts,
         semantic_screen=screen,
+        pg_waits=PgWaits(
+            acquire_s=s.postgres_acquire_timeout_s,
+            lock_s=s.postgres_lock_timeout_s,
+            statement_s=s.postgres_statement_timeout_s,
+        ),
     )
 
     # the registries of erased threads / entries the projections never write again
