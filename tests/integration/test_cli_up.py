@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,9 @@ KEY = "test-key-123"
 
 
 def start_up(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    """``memstream up`` as a subprocess; its output is drained by a thread for as long as it
+    runs (an unread pipe fills and blocks the process's logging, then its stop) and kept in
+    ``OUTPUT[proc.pid]`` for failure messages."""
     env = {**os.environ, "MEMSTREAM_API_KEYS": f"acme:{KEY}"}
     proc = subprocess.Popen(
         [
@@ -42,20 +46,29 @@ def start_up(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
         text=True,
         env=env,
     )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 180
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            if proc.poll() is not None:
-                break
-            continue
-        seen.append(line)
-        if line.startswith("memstream ready at "):
-            return proc, line.split(" at ", 1)[1].strip()
-    proc.kill()
-    raise AssertionError("memstream up never printed its ready line:\n" + "".join(seen[-40:]))
+    seen: list[str] = []
+    OUTPUT[proc.pid] = seen
+    ready: list[str] = []
+    got = threading.Event()
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("memstream ready at ") and not ready:
+                ready.append(line.split(" at ", 1)[1].strip())
+                got.set()
+        got.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not got.wait(180) or not ready:
+        proc.kill()
+        raise AssertionError("memstream up never printed its ready line:\n" + "".join(seen[-40:]))
+    return proc, ready[0]
+
+
+#: everything each ``start_up`` process printed, by pid
+OUTPUT: dict[int, list[str]] = {}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,7 +85,16 @@ def stop_up(proc: subprocess.Popen[str]) -> list[int]:
     """SIGTERM; returns pids of descendants still alive afterwards (should be none)."""
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # memstream prints every thread's stack
+        time.sleep(2)
+        proc.kill()
+        proc.wait(30)
+        code = None
+    tail = "".join(OUTPUT.get(proc.pid, [])[-200:])
+    assert code == 0, f"memstream up did not stop cleanly on SIGTERM (exit {code}):\n{tail}"
     time.sleep(0.5)
     return [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 

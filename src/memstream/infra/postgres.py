@@ -8,6 +8,7 @@ concurrent ``migrate`` calls (``memstream migrate`` and start-up may overlap).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from importlib import resources
 from typing import Any
@@ -20,6 +21,8 @@ from memstream.errors import PermanentInfraError, RetryableInfraError
 log = logging.getLogger(__name__)
 
 _MIGRATION_LOCK = 0x6D656D73  # "mems"
+#: how long a stopping process waits for pool connections still in use
+POOL_CLOSE_GRACE_S = 10.0
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -43,6 +46,17 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
         raise PermanentInfraError(f"Postgres refused the connection: {e}") from e
     assert pool is not None
     return pool
+
+
+async def close_pool(pool: asyncpg.Pool, grace_s: float = POOL_CLOSE_GRACE_S) -> None:
+    """Close ``pool``, waiting at most ``grace_s`` for connections still in use to come
+    back; then terminate them. (``Pool.close`` alone waits for ever for a connection some
+    task still holds: a process then ignores SIGTERM.)"""
+    try:
+        await asyncio.wait_for(pool.close(), grace_s)
+    except TimeoutError:
+        log.warning("Postgres connections still in use after %.0f s; terminating them", grace_s)
+        pool.terminate()
 
 
 def migration_files() -> list[tuple[str, str]]:

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
+import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +26,8 @@ from memstream.errors import MemstreamError
 from memstream.infra.cli.state import read_state
 from memstream.infra.logs import formatter
 from memstream.infra.settings import Settings
+
+log = logging.getLogger("memstream.cli")
 
 app = typer.Typer(
     name="memstream",
@@ -133,8 +139,35 @@ def run(coro: object) -> object:
         raise typer.Exit(1) from None
 
 
+#: a stop that takes longer than this prints every thread's stack to stderr (then goes on)
+STOP_STACK_DUMP_S = 30.0
+#: once every part has stopped, the process exits within this even if a worker thread
+#: (a native call in an executor: chdb, qdrant-edge, the embedder) never returns
+EXIT_GRACE_S = 15.0
+
+
+def _exit_if_stuck(grace_s: float) -> None:
+    """Every part has stopped and closed its store: if the interpreter is still here
+    ``grace_s`` later (it joins executor threads at exit, without a bound), name the
+    threads that hold it and exit anyway."""
+
+    def watch() -> None:
+        time.sleep(grace_s)
+        alive = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon]
+        log.error("exiting %.0f s after stopping; threads still running: %s", grace_s, alive)
+        faulthandler.dump_traceback(all_threads=True)
+        logging.shutdown()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-watchdog", daemon=True).start()
+
+
 async def serve_until_signal(stack_start: object, on_ready: object = None) -> None:
-    """Start a Stack, print readiness, and stop it cleanly on SIGINT/SIGTERM."""
+    """Start a Stack, print readiness, and stop it cleanly on SIGINT/SIGTERM.
+
+    ``kill -USR1`` prints every thread's stack to stderr (a hung process tells where it
+    hangs); a process still alive ``STOP_STACK_DUMP_S`` after the stop began prints them
+    by itself."""
     from memstream.infra.cli.wiring import Stack
 
     assert isinstance(stack_start, Stack)
@@ -143,13 +176,18 @@ async def serve_until_signal(stack_start: object, on_ready: object = None) -> No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     try:
         await stack.start()
         if callable(on_ready):
             on_ready(stack)
         await stop.wait()
     finally:
+        # not cancelled: a process still alive this long after the signal (a part that will
+        # not stop, an executor thread the interpreter waits for at exit) says where it is
+        faulthandler.dump_traceback_later(STOP_STACK_DUMP_S, exit=False)
         await stack.stop()
+        _exit_if_stuck(EXIT_GRACE_S)
 
 
 @app.command()

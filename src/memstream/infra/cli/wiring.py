@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +44,20 @@ from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.journal import Journal, JournalReader, open_journal, open_journal_reader
 from memstream.infra.metrics import make_metrics
-from memstream.infra.postgres import create_pool, migrate
+from memstream.infra.postgres import close_pool, create_pool, migrate
 from memstream.infra.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Stopper = Callable[[], Awaitable[None]]
+
+#: one part's stop may take this long before the stack gives up on it and stops the rest
+#: (longer than any embedded server's SIGTERM grace, so a server is always SIGKILLed)
+STOP_PART_TIMEOUT_S = 30.0
+#: a part that takes longer than this to stop is logged, with the time
+SLOW_STOP_S = 3.0
+#: open HTTP connections get this long to finish when the server stops
+HTTP_GRACEFUL_S = 5
 
 TANSU_WARNING = (
     "WARNING: no Java 17+ and Maven found (or kafka_broker=tansu): memstream up runs the "
@@ -114,7 +123,8 @@ class Stack:
             await self._start_embedded(data_dir)
         s = self.settings
         self.pool = await create_pool(s.postgres_dsn.get_secret_value(), max_size=20)
-        self._stoppers.append(self.pool.close)
+        pool = self.pool
+        self._stoppers.append(lambda: close_pool(pool))
         await migrate(self.pool)
         accounts = Accounts(self.pool)
         for account, key in s.seeded_api_keys():
@@ -239,7 +249,13 @@ class Stack:
 
         self._stoppers.append(lambda: stop_console(app))  # its sampler and replays
         config = uvicorn.Config(
-            app, host=s.host, port=s.port, log_level="warning", lifespan="off", access_log=False
+            app,
+            host=s.host,
+            port=s.port,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=HTTP_GRACEFUL_S,
         )
         server = uvicorn.Server(config)
         self._server = server
@@ -296,7 +312,22 @@ class Stack:
         self._tasks.clear()
         while self._stoppers:
             stop = self._stoppers.pop()
+            began = time.monotonic()
             try:
-                await stop()
+                await asyncio.wait_for(stop(), STOP_PART_TIMEOUT_S)
+                took = time.monotonic() - began
+                if took > SLOW_STOP_S:
+                    log.warning("stopping %s took %.1f s", _name(stop), took)
+            except TimeoutError:
+                log.error(
+                    "%s did not stop within %.0f s; going on", _name(stop), STOP_PART_TIMEOUT_S
+                )
             except Exception:
-                log.exception("error while stopping %s", stop)
+                log.exception("error while stopping %s", _name(stop))
+
+
+def _name(stop: Stopper) -> str:
+    """A stopper as a log line names it: ``EmbeddedPostgres.stop``, ``Runner.stop``..."""
+    owner = getattr(stop, "__self__", None)
+    name = getattr(stop, "__qualname__", None) or repr(stop)
+    return f"{type(owner).__name__}.{stop.__name__}" if owner is not None else name
