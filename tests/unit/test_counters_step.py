@@ -1,16 +1,18 @@
-"""What the counters processor reads from a ``message.appended``: thread, offset, tokens."""
+"""What the counters processor reads from a ``message.appended``: thread, offset, tokens
+(from a decoded envelope, and from the undecoded record)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import orjson
 import pytest
 
 from memstream.errors import InvalidRequest
 from memstream.infra import redis_keys
-from memstream.schemas.events import Envelope, message_appended
+from memstream.schemas.events import DecodeError, Envelope, encode, message_appended
 from memstream.schemas.records import Message, ThreadRef
-from memstream.streams.counters import to_count
+from memstream.streams.counters import read_step, to_count
 
 
 def appended(**overrides: object) -> Envelope:
@@ -58,3 +60,41 @@ def test_the_batch_script_builds_the_same_keys_as_redis_keys() -> None:
     assert base + "counters" == redis_keys.counters(ref)
     assert base + "summarized" == redis_keys.watermark(ref)
     assert base + "counted:" + str(42) == redis_keys.message_claim(ref, 42)
+
+
+def raw(env: Envelope, **top: object) -> bytes:
+    d = env.to_dict()
+    d.update(top)
+    return orjson.dumps({k: v for k, v in d.items() if v is not DROP})
+
+
+DROP = object()
+
+
+def test_an_undecoded_record_reads_like_decode_then_to_count() -> None:
+    assert read_step(encode(appended())) == (("acc", "agent", "th"), 7, 12)
+    assert read_step(encode(appended(token_count=None)))[2] == 0  # type: ignore[index]
+    assert read_step(raw(appended(), v=DROP)) == (("acc", "agent", "th"), 7, 12)  # v0, upcast
+    other = Envelope("thread.created", "e1", 1, "acc", "agent", "th", {})
+    assert read_step(encode(other)) is None
+
+
+@pytest.mark.parametrize(
+    ("record", "error", "field"),
+    [
+        (b"{not json", DecodeError, "$"),
+        (raw(appended(), id=5), DecodeError, "id"),
+        (raw(appended(), data=[1]), DecodeError, "data"),
+        (raw(appended(), v=9), DecodeError, "v"),
+        (encode(appended(offset="7")), InvalidRequest, "data.offset"),
+        (encode(appended(offset=True)), InvalidRequest, "data.offset"),
+        (encode(appended(thread_id=None)), InvalidRequest, "data.thread_id"),
+        (encode(appended(token_count=True)), InvalidRequest, "data.token_count"),
+    ],
+)
+def test_a_damaged_record_fails_as_decode_then_to_count_would(
+    record: bytes, error: type[Exception], field: str
+) -> None:
+    with pytest.raises(error) as e:
+        read_step(record)
+    assert getattr(e.value, "field", None) == field

@@ -1,17 +1,19 @@
 """Redis adapter for a thread's coordination state: threshold counters, per-message claims,
 the flush-and-summarize guard, the summarized-offset watermark, and the summarization lock.
 
-Every multi-key change is one Lua script on keys sharing the thread's hash tag (see
-:mod:`memstream.infra.redis_keys`), so it is atomic and Redis-Cluster safe.
+Every multi-key change is one Lua script, so it is atomic. A thread's keys share its hash tag
+(see :mod:`memstream.infra.redis_keys`); the batch scripts of the counters processor
+(counting, guards) span the threads of a batch, which a single Redis/Valkey node (what
+memstream connects to) allows and a Redis Cluster would not without splitting by slot.
 
 Guarantees:
 
 - :meth:`ThreadState.count_message` claims the message and increments both counters in one
   step: a redelivered or replayed message is never counted twice, and a message at or below
   the watermark (already folded into a summary) is never counted at all.
-  :meth:`ThreadState.count_messages` runs the same step for many messages: one script per
-  thread counts that thread's messages in the given order, atomically; the scripts of all
-  threads go in one pipelined round trip. The outcome is that of counting one by one.
+  :meth:`ThreadState.count_threads` (and :meth:`ThreadState.count_messages`) runs the same
+  step for many messages of many threads in one atomic script, each thread's messages in
+  the given order. The outcome is that of counting one by one.
 - :meth:`ThreadState.claim_guards` is :meth:`ThreadState.claim_guard` for many spans, in
   order, in one round trip: the results are those of the same calls made one by one.
 - :meth:`ThreadState.apply_summary` subtracts a summarized span from the counters, raises the
@@ -25,7 +27,7 @@ Redis failures surface as :class:`~memstream.errors.RetryableInfraError`.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeVar, cast
 
@@ -60,10 +62,11 @@ return {1, t, m, wm}
 # script spans threads, so hash slots: memstream talks to one Redis/Valkey node (a Cluster
 # client would have to split a batch by slot). Returns one string (a list reply costs a
 # readline per element in redis-py), a part per thread joined by "|": "nowm" if its watermark
-# is unknown, else "<wm> <tokens> <messages> <s1>,<s2>,..." with the counters before its
-# first message and one _COUNT status per message (the counters after message i follow by
-# adding the counted ones up to i). The script is atomic, so one HINCRBY per counter at the
-# end equals one per message.
+# is unknown, else "<wm> <tokens> <messages> <tokens after> <messages after> <statuses>" with
+# the counters before its first message and after its last, and one status letter per
+# message: c(ounted), d(uplicate), s(ummarized already) (the counters after message i follow
+# by adding the counted ones up to i). The script is atomic, so one HINCRBY per counter at
+# the end equals one per message.
 _COUNT_MANY: Final = """
 local ttl = ARGV[1]
 local out = {}
@@ -83,11 +86,11 @@ for j = 1, #KEYS do
       local tok = tonumber(words())
       n = n + 1
       if tonumber(off) <= wm then
-        st[n] = -1
+        st[n] = 's'
       elseif not redis.call('SET', pre .. off, '1', 'NX', 'EX', ttl) then
-        st[n] = 0
+        st[n] = 'd'
       else
-        st[n] = 1
+        st[n] = 'c'
         dt = dt + tok; dm = dm + 1
       end
     end
@@ -95,7 +98,7 @@ for j = 1, #KEYS do
       redis.call('HINCRBY', ck, 'tokens', dt)
       redis.call('HINCRBY', ck, 'messages', dm)
     end
-    out[j] = string.format('%d %d %d ', wm, t, m) .. table.concat(st, ',')
+    out[j] = string.format('%d %d %d %d %d ', wm, t, m, t + dt, m + dm) .. table.concat(st)
   end
 end
 return table.concat(out, '|')
@@ -159,6 +162,10 @@ _STATUS: Final[dict[int, CountStatus]] = {
     -1: "summarized",
     -2: "no_watermark",
 }
+_LETTER: Final[dict[str, CountStatus]] = {"c": "counted", "d": "duplicate", "s": "summarized"}
+
+#: One thread's messages for :meth:`ThreadState.count_threads`: ``(offset, tokens)``, in order.
+Steps = Sequence[tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +177,45 @@ class CountResult:
     tokens: int
     messages: int
     watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadCount:
+    """One thread's outcome of :meth:`ThreadState.count_threads`: the counters before its
+    first message and after its last, and one status letter per message (``c`` counted,
+    ``d`` duplicate, ``s`` at or below the watermark). ``known`` is False when Redis has no
+    watermark for the thread (then nothing was counted: load it, count again)."""
+
+    known: bool
+    watermark: int
+    tokens: int
+    messages: int
+    tokens_after: int
+    messages_after: int
+    statuses: str
+
+    def results(self, steps: Steps) -> list[CountResult]:
+        """Per message, what :meth:`ThreadState.count_message` would have answered."""
+        if not self.known:
+            return [CountResult("no_watermark", 0, 0, -1) for _ in steps]
+        t, m, wm = self.tokens, self.messages, self.watermark
+        out = []
+        for (_, tokens), letter in zip(steps, self.statuses, strict=True):
+            if letter == "c":
+                t += max(0, tokens)
+                m += 1
+            out.append(CountResult(_LETTER[letter], t, m, wm))
+        return out
+
+
+_UNKNOWN: Final = ThreadCount(False, -1, 0, 0, 0, 0, "")
+
+
+def _thread_count(text: str) -> ThreadCount:
+    if text == "nowm":
+        return _UNKNOWN
+    wm, t, m, t1, m1, statuses = text.split(" ")
+    return ThreadCount(True, int(wm), int(t), int(m), int(t1), int(m1), statuses)
 
 
 async def _call(fn: Callable[[], Awaitable[T]], doing: str) -> T:
@@ -210,43 +256,38 @@ class ThreadState:
         status, t, m, wm = (int(x) for x in cast(list[int], raw))
         return CountResult(_STATUS[status], t, m, wm)
 
+    async def count_threads(
+        self, steps: Mapping[ThreadRef, Steps], claim_ttl_s: int
+    ) -> list[ThreadCount]:
+        """:meth:`count_message` for each thread's ``(offset, tokens)`` steps, in order; one
+        :class:`ThreadCount` per thread, in ``steps`` order.
+
+        One atomic script for all of them, in one round trip; the outcome is that of calling
+        :meth:`count_message` one message at a time.
+        """
+        if not steps:
+            return []
+        keys = [redis_keys.thread_base(ref) for ref in steps]
+        args: list[int | str] = [claim_ttl_s]
+        args += (" ".join(f"{o} {max(0, t)}" for o, t in s) for s in steps.values())
+        raw = await _call(lambda: self._count_many(keys=keys, args=args), "counting messages")
+        reply = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return [_thread_count(part) for part in reply.split("|")]
+
     async def count_messages(
         self, items: Sequence[tuple[ThreadRef, int, int]], claim_ttl_s: int
     ) -> list[CountResult]:
-        """:meth:`count_message` for each ``(ref, offset, tokens)``; results in ``items`` order.
-
-        Each thread's messages are counted in the given order by one atomic script (one
-        script per thread, so keys never span hash slots); all scripts go in one pipelined
-        round trip. The results are those of calling :meth:`count_message` one by one.
-        """
-        if not items:
-            return []
+        """:meth:`count_message` for each ``(ref, offset, tokens)``; results in ``items`` order
+        (:meth:`count_threads` over the items grouped by thread, order kept in each)."""
         by_thread: dict[ThreadRef, list[int]] = {}
         for i, (ref, _, _) in enumerate(items):
             by_thread.setdefault(ref, []).append(i)
-
-        keys = [redis_keys.thread_base(ref) for ref in by_thread]
-        args: list[int | str] = [claim_ttl_s]
-        args += (
-            " ".join(f"{items[i][1]} {max(0, items[i][2])}" for i in idx)
-            for idx in by_thread.values()
-        )
-        raw = await _call(lambda: self._count_many(keys=keys, args=args), "counting messages")
-        reply = raw.decode() if isinstance(raw, bytes) else str(raw)
+        groups = {ref: [(items[i][1], items[i][2]) for i in idx] for ref, idx in by_thread.items()}
+        counts = await self.count_threads(groups, claim_ttl_s)
         out: list[CountResult | None] = [None] * len(items)
-        for idx, text in zip(by_thread.values(), reply.split("|"), strict=True):
-            if text == "nowm":
-                for i in idx:
-                    out[i] = CountResult("no_watermark", 0, 0, -1)
-                continue
-            wm_s, t_s, m_s, statuses = text.split(" ")
-            wm, t, m = int(wm_s), int(t_s), int(m_s)
-            for i, st in zip(idx, statuses.split(","), strict=True):
-                status = int(st)
-                if status == 1:
-                    t += max(0, items[i][2])
-                    m += 1
-                out[i] = CountResult(_STATUS[status], t, m, wm)
+        for (ref, idx), c in zip(by_thread.items(), counts, strict=True):
+            for i, r in zip(idx, c.results(groups[ref]), strict=True):
+                out[i] = r
         return [r for r in out if r is not None]
 
     async def counters(self, ref: ThreadRef) -> tuple[int, int]:
@@ -264,6 +305,19 @@ class ThreadState:
             lambda: self._redis.get(redis_keys.watermark(ref)), "reading the watermark"
         )
         return int(cast(bytes, raw)) if raw is not None else -1
+
+    async def init_watermarks(self, marks: Mapping[ThreadRef, int]) -> None:
+        """:meth:`init_watermark` for each ``ref -> last summarized offset``, pipelined."""
+        if not marks:
+            return
+
+        async def run() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            for ref, last in marks.items():
+                pipe.set(redis_keys.watermark(ref), last, nx=True, ex=WATERMARK_TTL_S)
+            await pipe.execute()
+
+        await _call(run, "setting watermarks")
 
     async def init_watermark(self, ref: ThreadRef, last_summarized_offset: int) -> None:
         """Set the watermark if absent (loaded from the summary store after a Redis wipe)."""
