@@ -1,7 +1,8 @@
 """The chaos soak (issue 12): the long form of ``tests/chaos/test_chaos.py``.
 
 Run: ``python bench/soak.py [--messages 1000000] [--threads 10000] [--memories 50000]
-[--fault-every 60] [--faults memstream,kafka,postgres,valkey,bad] [--baseline-s 60]``.
+[--fault-every 60] [--faults memstream,kafka,postgres,valkey,bad,worker,scale,partitions]
+[--workers 2] [--partition-step 4] [--max-partitions 32] [--baseline-s 60]``.
 
 One real ``memstream up`` (subprocess, embedded Kafka, Postgres, Valkey; chdb, qdrant-edge
 and SlateDB in-process) takes appends and memory stores through its public HTTP API from
@@ -13,7 +14,15 @@ acknowledged, with one fault every ``--fault-every`` seconds (cycling ``--faults
 - ``kafka`` / ``postgres`` / ``valkey``: that child server SIGKILLed (restarted by ``up``
   when it does that, else by the soak on the same data dir and port);
 - ``bad``: a malformed record straight onto the journal topic, an oversized append and an
-  unparsable body (the API must refuse both with a JSON 4xx).
+  unparsable body (the API must refuse both with a JSON 4xx);
+- ``worker``: one of the ``--workers`` ``memstream worker counters summarizer`` processes
+  (beside ``up``'s own consumers, in the same groups) SIGKILLed at a random point of its
+  work and started again (a processor crash: records applied since its last commit are
+  handed over again);
+- ``scale``: one more such worker joins (the groups rebalance); the next ``scale`` fault
+  stops it with SIGTERM (it leaves);
+- ``partitions``: the journal, summaries and memory topics get ``--partition-step`` more
+  partitions (Kafka ``create_partitions``), up to ``--max-partitions``.
 
 After each fault the load pauses until lag and gap read 0 (the time is that fault's
 *convergence*), a sample of the data is checked, and the load resumes. At the end every
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import sys
 import tempfile
 import time
@@ -38,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests packag
 
 from tests.chaos import harness as h  # noqa: E402
 
-FAULTS = ("memstream", "kafka", "postgres", "valkey", "bad")
+FAULTS = ("memstream", "kafka", "postgres", "valkey", "bad", "worker", "scale", "partitions")
+WORKER_PROCESSORS = ["counters", "summarizer"]
 
 
 def log(msg: str) -> None:
@@ -84,8 +95,63 @@ async def loaded(
     return ledger.appends_ok + ledger.stores_ok - before, time.monotonic() - t0
 
 
-async def fault(up: h.Up, name: str) -> None:
-    if name == "memstream":
+class Workers:
+    """The soak's ``memstream worker counters summarizer`` processes beside ``up``."""
+
+    def __init__(self, up: h.Up) -> None:
+        self.up = up
+        self.steady: list[h.Worker] = []
+        self.extra: h.Worker | None = None
+        self.partitions = 0
+        self._n = 0
+        self.rnd = random.Random(7)
+
+    def new(self) -> h.Worker:
+        self._n += 1
+        return h.Worker(self.up, WORKER_PROCESSORS, str(self._n))
+
+    async def start(self, n: int) -> None:
+        self.steady = [self.new() for _ in range(n)]
+        await asyncio.gather(*(asyncio.to_thread(w.start) for w in self.steady))
+
+    async def crash_one(self) -> str:
+        if not self.steady:
+            self.steady.append(self.new())
+            await asyncio.to_thread(self.steady[-1].start)
+        w = self.rnd.choice(self.steady)
+        await asyncio.sleep(self.rnd.uniform(0.0, 1.0))  # a random point of its work
+        w.kill9()
+        await asyncio.to_thread(w.start)
+        return f"worker {w.log.name} SIGKILLed and restarted"
+
+    async def scale(self) -> str:
+        if self.extra is None:
+            self.extra = self.new()
+            await asyncio.to_thread(self.extra.start)
+            return "one worker joined"
+        await asyncio.to_thread(self.extra.stop)
+        self.extra = None
+        return "one worker left"
+
+    def stop(self) -> None:
+        for w in [*self.steady, *([self.extra] if self.extra else [])]:
+            w.stop()
+
+
+async def fault(up: h.Up, name: str, workers: Workers, args: argparse.Namespace) -> None:
+    if name == "worker":
+        log(await workers.crash_one())
+    elif name == "scale":
+        log(await workers.scale())
+    elif name == "partitions":
+        now = len(await h.records_per_partition(up))
+        total = min(args.max_partitions, now + args.partition_step)
+        if total > now:
+            await h.add_partitions(up, total, ("journal", "summaries", "memory"))
+            log(f"partitions {now} -> {total}")
+        else:
+            log(f"partitions already {now} (--max-partitions)")
+    elif name == "memstream":
         up.kill9()
         await asyncio.to_thread(up.start)
     elif name in ("kafka", "postgres", "valkey"):
@@ -122,6 +188,8 @@ async def main(args: argparse.Namespace) -> int:
     writes = args.messages + args.memories
     memory_every = max(2, round(writes / args.memories)) if args.memories else 0
     faults = [f for f in args.faults.split(",") if f]
+    if unknown := [f for f in faults if f not in FAULTS]:
+        raise SystemExit(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
     converge_s: dict[str, list[float]] = defaultdict(list)
     log(
         f"soak on {data}: {args.messages} messages, {args.threads} threads, "
@@ -130,7 +198,11 @@ async def main(args: argparse.Namespace) -> int:
     )
     await asyncio.to_thread(up.start)
     await h.bind_memory(up.url)
+    workers = Workers(up)
     try:
+        if args.workers:
+            await workers.start(args.workers)
+            log(f"{args.workers} worker(s) {' '.join(WORKER_PROCESSORS)} beside up")
         await loaded(up, ledger, args.warmup_s, args, memory_every)  # models load, caches fill
         n, secs = await loaded(up, ledger, args.baseline_s, args, memory_every)
         base_rate = n / secs
@@ -149,7 +221,7 @@ async def main(args: argparse.Namespace) -> int:
             t0 = time.monotonic()
             w0 = ledger.appends_ok + ledger.stores_ok
             stop, task = start_load(up, ledger, args, memory_every)
-            await fault(up, name)
+            await fault(up, name, workers, args)
             await asyncio.sleep(args.fault_every / 2)
             stop.set()
             await task
@@ -160,6 +232,7 @@ async def main(args: argparse.Namespace) -> int:
             converge_s[name].append(took)
             report = h.Report()
             await h.check_live(up, ledger, report, sample=200)
+            h.check_summaries(data, ledger, report)
             bad_letters = h.unexpected_letters(report.dead_letters)
             log(
                 f"fault {i} {name}: converged {took:.1f}s after the load stopped "
@@ -177,7 +250,9 @@ async def main(args: argparse.Namespace) -> int:
         await h.converge(up, timeout=args.converge_timeout)
         report = h.Report()
         await h.check_live(up, ledger, report, sample=args.search_sample)
+        h.check_summaries(data, ledger, report)
     finally:
+        workers.stop()
         up.stop()
         await h.stop_owned()
     await h.check_journal(data, ledger, report)
@@ -210,6 +285,9 @@ if __name__ == "__main__":
     p.add_argument("--memories", type=int, default=50_000)
     p.add_argument("--fault-every", type=float, default=60.0)
     p.add_argument("--faults", default=",".join(FAULTS))
+    p.add_argument("--workers", type=int, default=2, help="counters+summarizer workers beside up")
+    p.add_argument("--partition-step", type=int, default=4)
+    p.add_argument("--max-partitions", type=int, default=32)
     p.add_argument("--baseline-s", type=float, default=60.0)
     p.add_argument("--warmup-s", type=float, default=15.0)
     p.add_argument("--concurrency", type=int, default=16)

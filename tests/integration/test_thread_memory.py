@@ -8,6 +8,7 @@ The processors' handlers are driven directly here (no broker) so each rule is te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from obstore.store import LocalStore
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import FixedClock
 from memstream.errors import Conflict
+from memstream.infra import redis_keys
 from memstream.infra.accounts import Accounts
 from memstream.infra.journal import Journal
 from memstream.infra.llm import ExtractedFact, ExtractiveSummaryModel, RuleFactExtractor
@@ -247,6 +249,74 @@ async def test_crash_after_taking_the_lock_expires_then_done_once(
     out = await asyncio.gather(s.summarize(ref, 49), s.summarize(ref, 49))
     assert time.monotonic() - started >= 0.5  # it waited for the expiry
     assert sum(o is not None for o in out) == 1
+    assert await store.get_version(ref, 2) is None
+
+
+class _DiesWith:
+    """A ThreadState whose lock is never renewed nor released once ``dead``: a summarizer
+    process SIGKILLed mid-summary (no ``finally`` runs in a dead process)."""
+
+    def __init__(self, state: ThreadState) -> None:
+        self._state = state
+        self.dead = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._state, name)
+
+    async def renew_lock(self, ref: ThreadRef, token: str, ttl_s: float) -> bool:
+        return True if self.dead else await self._state.renew_lock(ref, token, ttl_s)
+
+    async def unlock(self, ref: ThreadRef, token: str) -> bool:
+        return True if self.dead else await self._state.unlock(ref, token)
+
+
+class _Hangs(ExtractiveSummaryModel):
+    async def summarize(self, *args: object, **kw: object) -> str:  # type: ignore[override]
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_summarizer_killed_mid_summary_holds_the_thread_for_its_lease_only(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    redis_client: aioredis.Redis,
+) -> None:
+    """Issue 12 (scale-out chaos): a worker SIGKILLed while summarizing left the thread's
+    lock for summary_lock_ttl_s (120 s), and the next owner of its partitions waited that
+    long, holding up every summary behind it. The lock is a lease now: renewed while the
+    holder works, gone within the lease once it is dead."""
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(50))
+    await count_all(counters, msgs)
+    dying = _DiesWith(state)
+    a = SummarizerProcessor(
+        journal,
+        dying,
+        store,
+        _Hangs(),
+        token_budget=200,
+        clock=FixedClock(),  # type: ignore[arg-type]
+        lock_ttl_s=120.0,
+        lock_lease_s=1.0,
+    )
+    work = asyncio.create_task(a.summarize(ref, 49))
+    lock_key = redis_keys.summary_lock(ref)
+    async with asyncio.timeout(10):
+        while not await redis_client.exists(lock_key):
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(2.0)  # twice the lease: held only because the holder renews it
+    assert await redis_client.exists(lock_key)
+    assert 0 < await redis_client.pttl(lock_key) <= 1000
+    dying.dead = True  # SIGKILL: no renewal, no release
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    b = summarizer(journal, state, store, lock_ttl_s=120.0, lock_lease_s=1.0)
+    async with asyncio.timeout(30):  # before: waited the 120 s bound
+        written = await b.summarize(ref, 49)
+    assert written is not None and written.version == 1
     assert await store.get_version(ref, 2) is None
 
 

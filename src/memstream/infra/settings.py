@@ -156,7 +156,16 @@ class Settings(BaseSettings):
     # --- thread memory (summaries) -----------------------------------------------------------
     summary_token_budget: int = Field(default=512, ge=16, description="Max tokens of a summary.")
     summary_lock_ttl_s: float = Field(
-        default=120.0, gt=0, description="Summarization lock expiry (a crashed holder's lock)."
+        default=120.0,
+        gt=0,
+        description="Longest a summarizer holds a thread's lock (its lease is renewed up to "
+        "this; a waiter gives up after it).",
+    )
+    summary_lock_lease_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a crashed summarizer's thread lock outlives it: the holder "
+        "renews it every third of this while it works (up to summary_lock_ttl_s).",
     )
     summary_guard_ttl_s: int = Field(
         default=600, ge=1, description="Flush-and-summarize guard expiry (re-request after)."

@@ -152,6 +152,14 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# Extend the summarization lock only if ARGV[1] still holds it (the holder's lease renewal).
+_RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
 #: How long the watermark is kept; on expiry it is reloaded from the summary store.
 WATERMARK_TTL_S: Final = 7 * 24 * 3600
 
@@ -236,6 +244,7 @@ class ThreadState:
         self._claim_guards = redis.register_script(_CLAIM_GUARDS)
         self._apply = redis.register_script(_APPLY_SUMMARY)
         self._release = redis.register_script(_RELEASE)
+        self._renew = redis.register_script(_RENEW)
 
     # --- counters ------------------------------------------------------------------------------
     async def count_message(
@@ -393,6 +402,17 @@ class ThreadState:
             "taking the summary lock",
         )
         return token if ok else None
+
+    async def renew_lock(self, ref: ThreadRef, token: str, ttl_s: float) -> bool:
+        """Make the lock ``token`` holds expire ``ttl_s`` from now; False if it holds it no
+        more (it expired and someone else may have it)."""
+        res = await _call(
+            lambda: self._renew(
+                keys=[redis_keys.summary_lock(ref)], args=[token, max(1, int(ttl_s * 1000))]
+            ),
+            "renewing the summary lock",
+        )
+        return int(cast(int, res)) == 1
 
     async def unlock(self, ref: ThreadRef, token: str) -> bool:
         """Release the lock if ``token`` still holds it."""

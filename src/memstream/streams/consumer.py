@@ -49,6 +49,8 @@ its partitions back**, or the next poll starts after it. Two paths drop a polled
 - an error in the poll's top-up or in dispatch.
 
 Both seek every still-assigned partition of the batch back to its lowest offset in the batch.
+A consume task that dies anyway (an exception past the loop's handling) is started again,
+every held partition sought back to its next expected offset (``_restart``).
 As a second line, each partition's *next expected offset* is tracked (the committed offset at
 assignment, then last handled + 1): a poll whose first record of a partition is past it (an
 offset reset, a position moved by anyone) is a *gap*; the partition is sought back to the
@@ -288,6 +290,7 @@ class ProcessorConsumer:
         self._paused_epoch = -1  # the epoch in which a batch last paused on an outage
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._restarts = 0  # times the consume loop died and was started again
         self._last_commit_at = time.monotonic()
         #: Unix time of the last successful commit in this process, or None.
         self.last_commit: float | None = None
@@ -301,14 +304,49 @@ class ProcessorConsumer:
         self._task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        """The consume task ended: expected on stop; else say so loudly (readiness too)."""
+        """The consume task ended: expected on stop; else say so loudly (readiness too) and
+        start the loop again (:meth:`_restart`)."""
         if self._stopping:
             self.state.state = "stopped"
             return
         error = None if task.cancelled() else task.exception()
         self.state.failed(error or "the consume loop ended")
         self.state.state = "stopped"
-        log.error("%s: the consume loop ended unexpectedly: %r", self.processor.name, error)
+        self._restarts += 1
+        log.error(
+            "%s: the consume loop ended unexpectedly (%r); starting it again from what it "
+            "handled (restart %d)",
+            self.processor.name,
+            error,
+            self._restarts,
+        )
+        delay = min(MAX_BACKOFF_S, MIN_BACKOFF_S * 2 ** min(self._restarts - 1, 5))
+        self._task = asyncio.get_running_loop().create_task(
+            self._restart(delay), name=f"consume-{self.processor.name}"
+        )
+        self._task.add_done_callback(self._ended)
+
+    async def _restart(self, delay: float) -> None:
+        """The consume loop again after it died (a handler or the loop raised past its own
+        handling, e.g. a CancelledError that was not a stop): its position moved past
+        records it fetched but did not finish, so every held partition is sought back to
+        the next offset it expected (what it handled + 1, else the committed offset, else
+        the start) and the batch that was in hand is handed over again (at-least-once)."""
+        await asyncio.sleep(delay)
+        if self._stopping:
+            return
+        async with self._lock:
+            self._epoch += 1  # a poll of the dead loop is stale
+            for tp in self._consumer.assignment():
+                want = self._next.get(tp)
+                if want is None:
+                    committed = await self._consumer.committed(tp)
+                    if committed is None or committed < 0:
+                        await self._consumer.seek_to_beginning(tp)
+                        continue
+                    want = committed
+                self._seek(tp, want)
+        await self._run()
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions this member holds now (empty before the group join)."""

@@ -3,8 +3,12 @@
 Consumes ``summaries`` (``summary.requested``; ``summary.written`` and others are ignored).
 For a request ending at offset U of a thread:
 
-1. take the thread's summarization lock in Redis (with expiry: a crashed holder's lock runs
-   out after ``summary_lock_ttl_s``; a busy lock is waited for);
+1. take the thread's summarization lock in Redis, as a lease: it expires
+   ``summary_lock_lease_s`` (10 s) after the holder last renewed it, and the holder renews
+   it every third of that while it works, for at most ``summary_lock_ttl_s`` (120 s); so a
+   crashed holder's lock runs out within the lease, not the whole bound (a summarizer
+   SIGKILLed mid-summary stalled its partitions' summaries for 120 s before); a busy lock
+   is waited for;
 2. read the current summary from object storage (not the cache); if it already covers U the
    request is a redelivery: only make sure the summary's after-effects happened (below);
 3. wait until the journal shows U, then read the span ``(previous.last_message_offset, U]``
@@ -29,6 +33,7 @@ crashed between the write and them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -113,6 +118,7 @@ class SummarizerProcessor(Processor):
         memory: FactSink | None = None,
         token_budget: int = 512,
         lock_ttl_s: float = 120.0,
+        lock_lease_s: float = 10.0,
         journal_wait_s: float = 5.0,
         flush_timeout_s: float = 30.0,
         summary_timeout_s: float = 60.0,
@@ -129,6 +135,7 @@ class SummarizerProcessor(Processor):
         self._memory = memory
         self._budget = token_budget
         self._lock_ttl = lock_ttl_s
+        self._lease = min(lock_lease_s, lock_ttl_s)
         self._journal_wait = journal_wait_s
         self._flush_timeout = flush_timeout_s
         self._summary_timeout = summary_timeout_s
@@ -156,6 +163,7 @@ class SummarizerProcessor(Processor):
         Returns the summary written now, or None when the span was already covered.
         """
         token = await self._lock(ref)
+        renewing = asyncio.create_task(self._renew(ref, token), name=f"lease-{ref.key}")
         try:
             while True:
                 prev = await self._store.get_stored(ref)
@@ -193,7 +201,30 @@ class SummarizerProcessor(Processor):
                 )
                 return summary
         finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
             await self._state.unlock(ref, token)
+
+    async def _renew(self, ref: ThreadRef, token: str) -> None:
+        """Keep the lease on the thread's lock while the work goes on, for at most the
+        lock's bound (a holder stuck longer lets it expire). A failed renewal is retried at
+        the next tick; a lost lock is only logged (the version claim still makes the write
+        exactly once)."""
+        bound = time.monotonic() + self._lock_ttl
+        while True:
+            await asyncio.sleep(self._lease / 3)
+            left = bound - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                held = await self._state.renew_lock(ref, token, min(self._lease, left))
+            except Exception as e:  # noqa: BLE001 - the lease just runs out sooner
+                log.warning("summary lock of %s: renewal failed (%s)", ref.key, e)
+                continue
+            if not held:
+                log.warning("summary lock of %s: lost (expired) while summarizing", ref.key)
+                return
 
     async def _summarize(self, prev: Summary | None, span: Sequence[Message]) -> str:
         """One bounded model call: a stalled call fails (and is retried by the dispatcher)
@@ -213,7 +244,7 @@ class SummarizerProcessor(Processor):
         deadline = time.monotonic() + self._lock_ttl + 5.0
         delay = 0.05
         while True:
-            token = await self._state.try_lock(ref, self._lock_ttl)
+            token = await self._state.try_lock(ref, self._lease)
             if token is not None:
                 return token
             if time.monotonic() > deadline:

@@ -154,6 +154,7 @@ def processor_factories(stack: Stack) -> dict[str, Callable[[], Processor]]:
             memory=svc.memory,
             token_budget=s.summary_token_budget,
             lock_ttl_s=s.summary_lock_ttl_s,
+            lock_lease_s=s.summary_lock_lease_s,
             flush_timeout_s=s.flush_timeout_s,
             summary_timeout_s=s.model_call_budget_s(),
             clock=stack.clock,
