@@ -157,3 +157,41 @@ async def test_a_skipped_range_is_a_gap_until_it_is_re_read(
     finally:
         await relay.stop()
         await bus.stop()
+
+
+async def test_lag_reads_coverage_after_the_committed_offsets(
+    kafka_bootstrap: str, unique_topics: Topics
+) -> None:
+    """A processor writes its ranges before it commits. ``memstream lag`` read coverage
+    first, so a processor committing between the two reads showed a false gap (seen while a
+    rebuilt broker was re-applied, tests/integration/test_fresh_broker.py). Now coverage is
+    loaded after the committed offsets: here the processor progresses while it is loaded."""
+    from aiokafka import AIOKafkaProducer
+
+    topics = unique_topics
+    await ensure_topics(kafka_bootstrap, topics, 1, 1)
+    tp = TopicPartition(topics.journal, 0)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for i in range(20):
+            await producer.send_and_wait(topics.journal, b"x%d" % i, partition=0)
+    finally:
+        await producer.stop()
+    group = f"{topics.prefix.rstrip('.')}-order"
+    await move_offsets(kafka_bootstrap, group, {tp: 10})
+    key = (group, topics.journal, 0)
+
+    async def progress_then_load() -> dict[tuple[str, str, int], list[tuple[int, int]]]:
+        # the processor applies 10..20 (ranges first), then commits 20
+        await move_offsets(kafka_bootstrap, group, {tp: 20})
+        return {key: [(0, 20)]}
+
+    [row] = await consumer_lag(
+        kafka_bootstrap, {group: [topics.journal]}, load_coverage=progress_then_load
+    )
+    assert row.committed == 10 and row.gap == 0, row  # read before: no false gap
+    [row] = await consumer_lag(
+        kafka_bootstrap, {group: [topics.journal]}, coverage={key: [(0, 10)]}
+    )
+    assert row.committed == 20 and row.gap == 10  # the stale coverage the old order read

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import OffsetAndMetadata
 
 from memstream.errors import InvalidRequest
 from memstream.infra.kafka.failures import KAFKA_FAILURES, translate
@@ -42,6 +43,7 @@ from memstream.streams.consumer import commit_time
 from memstream.streams.coverage import PartitionKey, Ranges, holes
 
 __all__ = [
+    "CoverageLoader",
     "LagRow",
     "LagWatcher",
     "bootstrap_hosts",
@@ -51,6 +53,9 @@ __all__ = [
     "max_lag",
     "processor_groups",
 ]
+
+#: reads what each group applied (``CoverageStore.load_groups``), None when unknown
+CoverageLoader = Callable[[], Awaitable[Mapping[PartitionKey, Ranges] | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,46 +182,55 @@ async def consumer_lag(
     last_commit: Mapping[str, float | None] | None = None,
     timeout: float = 10.0,
     coverage: Mapping[PartitionKey, Ranges] | None = None,
+    load_coverage: CoverageLoader | None = None,
 ) -> list[LagRow]:
     """Lag of each group (``{group_id: [topic, ...]}``) on every partition of its topics.
 
     Rows are ordered by group, topic, partition. ``last_commit`` optionally gives each
     group's last commit time (unix seconds) to fill ``since_commit_s``; ``coverage`` (what
     each group applied, from ``CoverageStore.load_groups``) fills ``gap``.
+
+    ``load_coverage`` is the right way to pass coverage for a running system: it is called
+    *after* the committed offsets are read. A processor writes its ranges before it commits,
+    so coverage read later always reaches the offsets read earlier; read before, a processor
+    that commits in between shows a false gap (seen while a rebuilt broker was re-applied).
     """
     all_topics = [t for ts in groups.values() for t in ts]
     starts, highs = await end_offsets(bootstrap, all_topics, timeout=timeout)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_hosts(bootstrap))
     now = time.time()
-    rows: list[LagRow] = []
+    read: list[tuple[str, TopicPartition, OffsetAndMetadata | None]] = []
     try:
         await admin.start()
         for group in sorted(groups):
             tps = [tp for tp in highs if tp.topic in set(groups[group])]
             tps.sort(key=lambda tp: (tp.topic, tp.partition))
             offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
-            lc = (last_commit or {}).get(group)
-            for tp in tps:
-                om = offsets.get(tp)
-                committed = om.offset if om is not None and om.offset >= 0 else None
-                end = highs[tp]
-                base = committed if committed is not None else starts.get(tp, 0)
-                rows.append(
-                    LagRow(
-                        group=group,
-                        topic=tp.topic,
-                        partition=tp.partition,
-                        committed=committed,
-                        end_offset=end,
-                        lag=max(0, end - base),
-                        since_commit_s=_since(now, lc, om.metadata if om is not None else None),
-                        gap=_gap(coverage, (group, tp.topic, tp.partition), committed, starts),
-                    )
-                )
+            read.extend((group, tp, offsets.get(tp)) for tp in tps)
     except KAFKA_FAILURES as exc:
         raise translate(exc, "reading committed offsets") from exc
     finally:
         await admin.close()
+    if load_coverage is not None:
+        coverage = await load_coverage()
+    rows: list[LagRow] = []
+    for group, tp, om in read:
+        committed = om.offset if om is not None and om.offset >= 0 else None
+        end = highs[tp]
+        base = committed if committed is not None else starts.get(tp, 0)
+        lc = (last_commit or {}).get(group)
+        rows.append(
+            LagRow(
+                group=group,
+                topic=tp.topic,
+                partition=tp.partition,
+                committed=committed,
+                end_offset=end,
+                lag=max(0, end - base),
+                since_commit_s=_since(now, lc, om.metadata if om is not None else None),
+                gap=_gap(coverage, (group, tp.topic, tp.partition), committed, starts),
+            )
+        )
     return rows
 
 
@@ -248,10 +262,17 @@ class LagWatcher:
         *,
         last_commit: Mapping[str, float | None] | None = None,
         coverage: Mapping[PartitionKey, Ranges] | None = None,
+        load_coverage: CoverageLoader | None = None,
     ) -> list[LagRow]:
         known = dict(self._moved)
         known.update({g: t for g, t in (last_commit or {}).items() if t is not None})
-        rows = await consumer_lag(self.bootstrap, self.groups, last_commit=known, coverage=coverage)
+        rows = await consumer_lag(
+            self.bootstrap,
+            self.groups,
+            last_commit=known,
+            coverage=coverage,
+            load_coverage=load_coverage,
+        )
         now = time.time()
         changed = False
         for r in rows:

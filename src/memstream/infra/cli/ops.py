@@ -136,11 +136,15 @@ def lag(
     groups = processor_groups(s, PROCESSOR_TOPICS)
     dsn = s.postgres_dsn.get_secret_value()
 
+    async def load() -> dict[PartitionKey, Ranges] | None:
+        # read after the committed offsets (consumer_lag calls it so): no false gap from a
+        # processor committing between the two reads
+        return await _coverage(dsn, list(groups))
+
     if not watch:
 
         async def once() -> object:
-            coverage = await _coverage(dsn, list(groups))
-            return await consumer_lag(bootstrap, groups, coverage=coverage)
+            return await consumer_lag(bootstrap, groups, load_coverage=load)
 
         rows = run(once())
         assert isinstance(rows, list)
@@ -160,8 +164,7 @@ def lag(
         watcher = LagWatcher(bootstrap, groups)
         with Live(console=out, refresh_per_second=4) as live:
             while True:
-                coverage = await _coverage(dsn, list(groups))
-                rows = await watcher.poll(coverage=coverage)
+                rows = await watcher.poll(load_coverage=load)
                 if as_json:
                     print(
                         orjson.dumps(
