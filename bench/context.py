@@ -13,6 +13,10 @@ It prints p50/p99 of (``--turns`` random threads each, sequentially):
   last-20 journal scan with decoding, all gathered; then the pure render/assemble;
 - ``http``: ``GET .../context`` through uvicorn on localhost (httpx client in the same
   event loop, so the client's own time is included);
+- ``http-lean``: the same requests from a minimal keep-alive HTTP/1.1 client (asyncio
+  streams, one connection): the server's cost without httpx's own;
+- ``asgi``: the same request handed to the app as an ASGI call (no socket, no client, no
+  uvicorn): routing, dependencies, middleware and the response's rendering alone;
 - ``raw``: the ceiling — the SlateDB last-20 scan (no decoding), the Postgres pinned query
   and a Redis GET of the cached summary, gathered the same way;
 
@@ -74,17 +78,59 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))] * 1000
 
 
+#: CPU seconds of this process per path (client, server and engines' Python side): on a
+#: shared machine the steadier figure, since waiting for a core does not count.
+CPU: dict[str, float] = {}
+
+
 async def timed(
     n: int, refs: list[ThreadRef], op: Callable[[ThreadRef], Awaitable[object]]
 ) -> list[float]:
     out = []
     rnd = random.Random(7)
+    cpu = time.process_time()
     for _ in range(n):
         ref = rnd.choice(refs)
         t = time.perf_counter()
         await op(ref)
         out.append(time.perf_counter() - t)
+    CPU[getattr(op, "__name__", "op")] = (time.process_time() - cpu) / n
     return out
+
+
+class LeanHttp:
+    """A minimal keep-alive HTTP/1.1 GET client (one connection, Content-Length answers)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._io: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def get(self, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        try:
+            return await self._get(path, headers)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self._io = None  # the server closed the idle connection (keep-alive timeout)
+            return await self._get(path, headers)
+
+    async def _get(self, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self._io is None:
+            self._io = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = self._io
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}\r\n".encode())
+        raw = await reader.readuntil(b"\r\n\r\n")
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        length = next(
+            int(v)
+            for k, _, v in (ln.partition(": ") for ln in lines[1:])
+            if k.lower() == "content-length"
+        )
+        return status, await reader.readexactly(length)
+
+    async def close(self) -> None:
+        if self._io is not None:
+            self._io[1].close()
 
 
 def free_port() -> int:
@@ -207,23 +253,92 @@ async def main(args: argparse.Namespace) -> None:
                 assert r.status_code == 200, r.text
                 return r
 
-            for op in (raw, raw_and_thread, in_process, over_http):  # warm caches
+            lean = LeanHttp(port)
+
+            async def over_lean_http(ref: ThreadRef) -> object:
+                status, body = await lean.get(
+                    f"/v1/agents/{ref.agent_id}/threads/{ref.thread_id}/context",
+                    {"Authorization": f"Bearer {key}", "X-Memstream-User": users[ref]},
+                )
+                assert status == 200, body
+                return body
+
+            app = server.config.loaded_app
+
+            async def asgi(ref: ThreadRef) -> object:
+                path = f"/v1/agents/{ref.agent_id}/threads/{ref.thread_id}/context"
+                scope = {
+                    "type": "http",
+                    "asgi": {"version": "3.0"},
+                    "http_version": "1.1",
+                    "method": "GET",
+                    "scheme": "http",
+                    "path": path,
+                    "raw_path": path.encode(),
+                    "query_string": b"",
+                    "root_path": "",
+                    "headers": [
+                        (b"host", b"127.0.0.1"),
+                        (b"authorization", f"Bearer {key}".encode()),
+                        (b"x-memstream-user", users[ref].encode()),
+                    ],
+                    "client": ("127.0.0.1", 1),
+                    "server": ("127.0.0.1", port),
+                }
+                sent: list[dict[str, object]] = []
+
+                async def receive() -> dict[str, object]:
+                    return {"type": "http.request", "body": b"", "more_body": False}
+
+                async def send(message: dict[str, object]) -> None:
+                    sent.append(message)
+
+                await app(scope, receive, send)
+                assert sent[0]["status"] == 200, sent
+                return sent
+
+            ops = (raw, raw_and_thread, in_process, over_http, over_lean_http, asgi)
+            for op in ops:  # warm caches
                 await timed(50, refs, op)
             results = {
                 "raw": await timed(args.turns, refs, raw),
                 "raw+thread": await timed(args.turns, refs, raw_and_thread),
                 "in-process": await timed(args.turns, refs, in_process),
                 "http": await timed(args.turns, refs, over_http),
+                "http-lean": await timed(args.turns, refs, over_lean_http),
+                "asgi": await timed(args.turns, refs, asgi),
             }
+            await lean.close()
         server.should_exit = True
         await serving
         base50, base99 = pct(results["raw"], 0.5), pct(results["raw"], 0.99)
-        print(f"{'path':<12} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}  ratio p50/p99 vs raw")
+        names = {
+            "raw": "raw",
+            "raw+thread": "raw_and_thread",
+            "in-process": "in_process",
+            "http": "over_http",
+            "http-lean": "over_lean_http",
+            "asgi": "asgi",
+        }
+        print(
+            f"{'path':<12} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'CPU ms':>7}  "
+            "ratio p50/p99 vs raw"
+        )
         for name, xs in results.items():
             p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
+            cpu_ms = CPU[names[name]] * 1000
             print(
-                f"{name:<12} {p50:8.2f} {p99:8.2f} {statistics.mean(xs) * 1000:8.2f}  "
-                f"{p50 / base50:.2f}x / {p99 / base99:.2f}x"
+                f"{name:<12} {p50:8.2f} {p99:8.2f} {statistics.mean(xs) * 1000:8.2f} "
+                f"{cpu_ms:7.2f}  {p50 / base50:.2f}x / {p99 / base99:.2f}x"
+            )
+        inproc = results["in-process"]
+        for name in ("http", "http-lean", "asgi"):
+            xs = results[name]
+            print(
+                f"{name} / in-process: p50 {pct(xs, 0.5) / pct(inproc, 0.5):.2f}x, "
+                f"p99 {pct(xs, 0.99) / pct(inproc, 0.99):.2f}x, "
+                f"min {min(xs) / min(inproc):.2f}x, "
+                f"CPU {CPU[names[name]] / CPU['in_process']:.2f}x"
             )
     finally:
         await journal.close()
