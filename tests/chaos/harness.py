@@ -17,7 +17,9 @@ The checks compare the stores with the ledger of **acknowledged** writes (a 2xx 
 - dead letters: only those a fault put there on purpose (:data:`Report.dead_letters`).
 
 A write whose answer was lost (the connection dropped by a kill) is not acknowledged: it may
-or may not be stored, and is reported as ``unacknowledged_found`` when it is, never as lost.
+or may not be stored, and is reported as found in the ``unacked`` row when it is (thread
+lengths for the counters check are read from the journal, so such a message counted is not a
+double), never as lost.
 """
 
 from __future__ import annotations
@@ -478,10 +480,13 @@ async def check_live(
             else:
                 idx.found += 1
 
-        # counters and summaries: counted + summarized == thread length
+        # counters and summaries: counted + summarized == thread length. The length is the
+        # journal's: a write whose answer a fault lost may be stored (and counted) after the
+        # last acknowledged one; only a message the load never sent would be foreign.
         cnt = report.store("counters")
+        lengths = await journal_lengths(up.data_dir, ledger, report)
         for thread, msgs in ledger.messages.items():
-            length = max(msgs) + 1 if msgs else 0
+            length = lengths.get(thread, max(msgs) + 1 if msgs else 0)
             r = await c.get(f"/v1/agents/{AGENT}/threads/{thread}/summary")
             covered = 0
             if r.status_code == 200:
@@ -509,6 +514,34 @@ async def check_live(
         report.dead_letters = json.loads(res.stdout)
     else:
         report.problems.append(f"dlq list failed: {res.stderr[-300:]}")
+
+
+async def journal_lengths(data_dir: Path, ledger: Ledger, report: Report) -> dict[str, int]:
+    """Each ledger thread's length in the journal (a read-only follower, so ``up`` may run).
+    Messages past the acknowledged ones must be ones the load sent (answer lost to a fault):
+    counted as ``unacknowledged_found``; anything else is a problem."""
+    from memstream.infra.journal import local_store
+    from memstream.infra.journal.reader import JournalReader
+    from memstream.schemas.records import ThreadRef
+
+    out: dict[str, int] = {}
+    extra = report.store("unacked")
+    reader = await JournalReader.open(local_store(data_dir / "journal"), "journal")
+    try:
+        for thread, msgs in ledger.messages.items():
+            acked = max(msgs) + 1 if msgs else 0
+            ref = ThreadRef(ACCOUNT, AGENT, thread)
+            length = await reader.next_offset(ref)
+            if length > acked:
+                for m in await reader.read_range(ref, acked, length - 1):
+                    if m.content in ledger.sent_messages:
+                        extra.found += 1
+                    else:
+                        report.problems.append(f"{thread}@{m.offset}: a message never sent")
+            out[thread] = max(length, acked)
+    finally:
+        await reader.close()
+    return out
 
 
 async def _counted(up: Up, thread: str) -> int | None:
