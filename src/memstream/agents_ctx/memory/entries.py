@@ -45,9 +45,17 @@ from memstream.agents_ctx.memory.outbox import (
     tombstone_of_row,
     write_entry_if,
 )
+from memstream.agents_ctx.memory.semantic_screen import SemanticScreen
 from memstream.agents_ctx.validation import check_json
 from memstream.clock import Clock
-from memstream.errors import Conflict, InvalidRequest, MemstreamError, NotFound, RetryableInfraError
+from memstream.errors import (
+    Conflict,
+    InvalidRequest,
+    MemstreamError,
+    NotFound,
+    PromptInjection,
+    RetryableInfraError,
+)
 from memstream.schemas.records import Caller, Category, MemoryEntry, Visibility
 
 EXPORT_PAGE: Final = 500
@@ -132,10 +140,13 @@ class MemoryEntries:
         clock: Clock,
         binding: MemoryBinding,
         waits: PgWaits | None = None,
+        semantic_screen: SemanticScreen | None = None,
     ) -> None:
         self._pool = pool
         self._clock = clock
         self._waits = waits or PgWaits()
+        # memory_store's second injection screen: an edit or an import is no way around it
+        self._semantic = semantic_screen
         # writes (PATCH, import) need Memory bound, like memory_store; reads (browse, get,
         # export) do not, so a user can always see and take what was stored about them
         self._binding = binding
@@ -197,6 +208,8 @@ class MemoryEntries:
         await require_memory(self._binding, caller)
         now = self._clock.now()
         patch = editing.parse_patch(body, now)
+        if patch.content is not None:
+            await self._screen(patch.content)
         current = await self.get(caller, view, key)
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
@@ -257,6 +270,7 @@ class MemoryEntries:
                 continue
             try:
                 line = editing.parse_import_line(_json_line(raw), caller, self._clock.now())
+                await self._screen(line.req.content)
                 status = await self._import_one(caller, line, number)
             except RetryableInfraError:
                 raise
@@ -266,6 +280,13 @@ class MemoryEntries:
                 continue
             setattr(report, status, getattr(report, status) + 1)
         return report
+
+    async def _screen(self, content: str) -> None:
+        """The semantic injection screen ``memory_store`` runs after the patterns."""
+        if self._semantic is not None and await self._semantic.is_injection(content):
+            raise PromptInjection(
+                "content resembles a prompt injection (semantic screen)", field="content"
+            )
 
     async def _import_one(
         self, caller: Caller, line: editing.ImportLine, number: int

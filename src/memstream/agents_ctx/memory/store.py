@@ -185,7 +185,7 @@ class MemoryService:
         self._clock = clock
         self._index = index
         self._metrics = metrics
-        self.entries = MemoryEntries(pool, clock, self._binding, pg_waits)
+        self.entries = MemoryEntries(pool, clock, self._binding, pg_waits, semantic_screen)
         """Browse, edit, export and import (the entries routes)."""
 
     # --- memory_store ---------------------------------------------------------------------
