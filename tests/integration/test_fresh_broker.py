@@ -107,6 +107,7 @@ async def test_a_restart_on_a_fresh_empty_broker_converges_complete_and_undouble
         mark("converged again")
         rows = await lag_rows(up)
         assert rows and all(r["lag"] == 0 and r["gap"] == 0 for r in rows), rows
+        assert all(r["state"] == "running" for r in rows), rows  # the processors' loops
         # the new broker holds the whole journal again (re-published, not only the new part:
         # every message plus the threads' creation events)
         again = journal_ends(rows)

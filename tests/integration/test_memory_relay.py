@@ -126,3 +126,35 @@ async def test_run_wakes_on_notify(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_rows_kept_by_the_outbox_go_out_again_when_the_broker_lost_its_log(
+    pg_pool: asyncpg.Pool, bus: Bus, topics: Topics, kafka_bootstrap: str
+) -> None:
+    """Issue 16 item 4: a fresh broker has an empty memory topic; the published rows the
+    outbox still keeps are re-published (before, memories published to the lost broker and
+    not yet indexed never reached recall: seen in tests/integration/test_fresh_broker.py)."""
+    svc = MemoryService(pg_pool, FixedClock(), binding=EVERY_AGENT_BOUND)
+    c = Caller("acc", f"relay{next(_agents)}", None)
+    await svc.store(c, "k1", "published once", "project_fact", "shared")
+    await svc.store(c, "k2", "published too", "project_fact", "shared")
+    await OutboxRelay(pg_pool, bus, topics.memory).drain()
+
+    async def kept_records() -> int:
+        return 3  # the broker still has its log
+
+    async def empty() -> int:
+        return 0  # a fresh broker
+
+    assert (
+        await OutboxRelay(
+            pg_pool, bus, topics.memory, broker_records=kept_records
+        ).republish_if_lost()
+        == 0
+    )
+    relay = OutboxRelay(pg_pool, bus, topics.memory, broker_records=empty)
+    assert await relay.republish_if_lost() >= 2
+    assert await relay.drain() >= 2
+    got = await read_topic(kafka_bootstrap, topics.memory, 1000, timeout=5)
+    mine = [e.data["entry"]["key"] for _, e in got if e.agent_id == c.agent_id]  # type: ignore[index]
+    assert sorted(mine) == ["k1", "k1", "k2", "k2"]  # once from each broker's point of view

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from memstream.infra.supervisor import LoopStates, supervise
+from memstream.infra.supervisor import LoopStates, describe_snapshot, supervise
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -91,3 +91,13 @@ async def test_a_loop_waiting_for_a_store_says_which_and_is_no_restart() -> None
     assert (
         states.problem() is None and states.snapshot()["processor:counters"]["waiting_for"] is None
     )
+
+
+async def test_a_snapshot_read_back_describes_the_wait() -> None:
+    states = LoopStates()
+    states.get("processor:counters").waiting("valkey", "ConnectionError: refused")
+    states.get("outbox-relay")
+    snap = states.snapshot()
+    assert describe_snapshot(snap["processor:counters"]) == "waiting for valkey"
+    assert describe_snapshot(snap["outbox-relay"]) == "running"
+    assert describe_snapshot({}) == "unknown"

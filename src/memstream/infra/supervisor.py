@@ -28,11 +28,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["LoopState", "LoopStates", "supervise"]
+__all__ = ["LoopState", "LoopStates", "describe_snapshot", "supervise"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,15 @@ class LoopState:
             "since": self.since,
             "waiting_for": self.waiting_for,
         }
+
+
+def describe_snapshot(snap: Mapping[str, object]) -> str:
+    """:meth:`LoopState.describe` of one :meth:`LoopStates.snapshot` entry (read back from
+    ``/readyz``): ``running``, ``waiting for postgres``..."""
+    state, dep = snap.get("state"), snap.get("waiting_for")
+    if state == "waiting" and isinstance(dep, str) and dep:
+        return f"waiting for {dep}"
+    return str(state) if isinstance(state, str) else "unknown"
 
 
 def _text(error: BaseException | str) -> str:

@@ -52,6 +52,7 @@ __all__ = [
     "max_gap",
     "max_lag",
     "processor_groups",
+    "topic_records",
 ]
 
 #: reads what each group applied (``CoverageStore.load_groups``), None when unknown
@@ -232,6 +233,20 @@ async def consumer_lag(
             )
         )
     return rows
+
+
+async def topic_records(bootstrap: str, topic: str, *, timeout: float = 10.0) -> int | None:
+    """How many records ``topic`` holds now (sum of its high-water marks; 0 when it does not
+    exist); None when the broker cannot tell."""
+    from memstream.errors import InfraError
+
+    try:
+        _, highs = await end_offsets(bootstrap, [topic], timeout=timeout)
+    except InvalidRequest:
+        return 0  # no such topic
+    except InfraError:
+        return None
+    return sum(highs.values())
 
 
 def max_gap(rows: Iterable[LagRow]) -> int:

@@ -18,6 +18,14 @@ Guarantees:
   the erasure has deleted those rows (it deletes the user's content rows, published or not).
 - **One active relay**: a session advisory lock makes every other relay process a standby
   that takes over when the active one's connection goes away.
+- **A broker that lost its log** (issue 16 item 4: a fresh broker, Tansu restarted, a wiped
+  log dir): with ``broker_records`` (the CLI wiring gives it), :meth:`run` first looks at the
+  ``memory`` topic; empty while the outbox still keeps published rows (the last
+  ``retention``), those rows are marked unpublished and go out again, in id order, before
+  anything newer. The memory projector is idempotent (entry versions), so rows the index
+  already had change nothing, and rows the lost broker had not delivered yet are indexed.
+  Rows pruned earlier are not re-published (``memstream replay memory`` rebuilds the index
+  from Postgres); a log lost only in part (the topic not empty) is not detected.
 
 Wakes on ``NOTIFY`` from the writers (``outbox.OUTBOX_CHANNEL``), and polls every
 ``poll_interval_s`` as a fallback (a missed notification only delays, never loses).
@@ -28,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -70,7 +78,9 @@ class OutboxRelay:
         retention: timedelta = timedelta(days=1),
         metrics: Metrics | None = None,
         keyring: Keyring | None = None,
+        broker_records: Callable[[], Awaitable[int | None]] | None = None,
     ) -> None:
+        self._broker_records = broker_records
         self._pool = pool
         self._keyring = keyring
         self._bus = bus
@@ -124,6 +134,30 @@ class OutboxRelay:
         await self._report_backlog()
         return total
 
+    async def republish_if_lost(self) -> int:
+        """If the broker lost its log (its ``memory`` topic holds no record while the outbox
+        kept published rows), mark those rows unpublished so they go out again. Returns how
+        many rows will be re-published (0: nothing lost, or unknown)."""
+        if self._broker_records is None:
+            return 0
+        kept = await self._broker_records()
+        if kept is None or kept > 0:
+            return 0
+        status = await self._pool.execute(
+            "UPDATE memory_outbox SET published_at = NULL WHERE published_at IS NOT NULL"
+        )
+        n = int(status.split()[-1])
+        if n:
+            log.warning(
+                "memory relay: the broker's %s topic is empty but %d outbox rows were "
+                "published: it lost its log; re-publishing them (the memory projector is "
+                "idempotent; rows pruned before are not re-published: `memstream replay "
+                "memory` rebuilds the index from Postgres)",
+                self._topic,
+                n,
+            )
+        return n
+
     async def backlog(self) -> int:
         n = await self._pool.fetchval(
             "SELECT count(*) FROM memory_outbox WHERE published_at IS NULL"
@@ -154,6 +188,7 @@ class OutboxRelay:
                 await asyncio.sleep(self._poll)
             await conn.add_listener(OUTBOX_CHANNEL, self._notified)
             try:
+                await self.republish_if_lost()
                 await self._loop()
             finally:
                 with contextlib.suppress(Exception):

@@ -69,24 +69,75 @@ def _print_full(table: Table) -> None:
     Console(width=width, force_terminal=out.is_terminal).print(table)
 
 
-def _lag_table(rows: list[object]) -> Table:
-    cells = []
+async def _processor_states(data_dir: object, groups: list[str]) -> dict[str, str]:
+    """Per consumer group, its processor's loop state in the running ``memstream up``
+    (``running``, ``waiting for postgres``...) read from its ``/readyz``; empty when no
+    running system answers (processors in a ``memstream worker``: shown ``-``)."""
+    import httpx
+
+    from memstream.infra.cli.state import read_state
+    from memstream.infra.supervisor import describe_snapshot
+
+    s = settings_for_running(data_dir)  # type: ignore[arg-type]
+    state = read_state(s.resolved_data_dir()) or {}
+    url = state.get("api_url")
+    if not isinstance(url, str) or not state.get("running"):
+        return {}
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            body = (await client.get(f"{url.rstrip('/')}/readyz")).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    loops = body.get("loops") if isinstance(body, dict) else None
+    if not isinstance(loops, dict):
+        return {}
+    out: dict[str, str] = {}
+    for group in groups:
+        name = group.split("-", 1)[1] if "-" in group else group
+        snap = loops.get(f"processor:{name}")
+        if isinstance(snap, dict):
+            out[group] = describe_snapshot(snap)
+    return out
+
+
+def _with_state(rows: list[object], states: dict[str, str]) -> list[dict[str, object]]:
+    """The rows as dicts, each with its processor's ``state`` (None when unknown)."""
+    out = []
     for r in rows:
-        d = r.to_dict()  # type: ignore[attr-defined]
+        d: dict[str, object] = r.to_dict()  # type: ignore[attr-defined]
+        d["state"] = states.get(str(d["group"]))
+        out.append(d)
+    return out
+
+
+def _lag_table(rows: list[dict[str, object]]) -> Table:
+    cells: list[list[str]] = []
+    for d in rows:
         since = d["since_commit_s"]
         cells.append(
             [
-                d["group"],
-                d["topic"],
+                str(d["group"]),
+                str(d["topic"]),
                 str(d["partition"]),
                 "-" if d["committed"] is None else str(d["committed"]),
                 str(d["end_offset"]),
                 str(d["lag"]),
                 "-" if d["gap"] is None else str(d["gap"]),
-                "-" if since is None else f"{since:.1f}s",
+                "-" if not isinstance(since, int | float) else f"{since:.1f}s",
+                str(d.get("state") or "-"),
             ]
         )
-    columns = ["group", "topic", "partition", "committed", "end", "lag", "gap", "since commit"]
+    columns = [
+        "group",
+        "topic",
+        "partition",
+        "committed",
+        "end",
+        "lag",
+        "gap",
+        "since commit",
+        "state",
+    ]
     return _full_table("consumer lag", columns, cells)
 
 
@@ -143,15 +194,17 @@ def lag(
 
     if not watch:
 
-        async def once() -> object:
-            return await consumer_lag(bootstrap, groups, load_coverage=load)
+        async def once() -> tuple[list[object], dict[str, str]]:
+            rows = await consumer_lag(bootstrap, groups, load_coverage=load)
+            return list(rows), await _processor_states(data_dir, list(groups))
 
-        rows = run(once())
-        assert isinstance(rows, list)
+        got = run(once())
+        assert isinstance(got, tuple)
+        rows, states = got
         if as_json:
-            print(orjson.dumps([r.to_dict() for r in rows]).decode())
+            print(orjson.dumps(_with_state(rows, states)).decode())
         else:
-            _print_full(_lag_table(rows))
+            _print_full(_lag_table(_with_state(rows, states)))
         if max_lag is not None and biggest(rows) > max_lag:
             err.print(f"lag {biggest(rows)} exceeds --max-lag {max_lag}")
             raise typer.Exit(1)
@@ -165,14 +218,12 @@ def lag(
         with Live(console=out, refresh_per_second=4) as live:
             while True:
                 rows = await watcher.poll(load_coverage=load)
+                states = await _processor_states(data_dir, list(groups))
+                shown = _with_state(list(rows), states)
                 if as_json:
-                    print(
-                        orjson.dumps(
-                            {"ts": time.time(), "rows": [r.to_dict() for r in rows]}
-                        ).decode()
-                    )
+                    print(orjson.dumps({"ts": time.time(), "rows": shown}).decode())
                 else:
-                    live.update(_lag_table(list(rows)))
+                    live.update(_lag_table(shown))
                 await asyncio.sleep(interval)
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -278,8 +278,18 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
         stoppers.append(relay.stop)
         stack.journal_relay = relay
 
+        from functools import partial
+
+        from memstream.streams.lag import topic_records
+
         outbox = OutboxRelay(
-            stack.pool, bus, topics.memory, metrics=svc.metrics, keyring=svc.keyring
+            stack.pool,
+            bus,
+            topics.memory,
+            metrics=svc.metrics,
+            keyring=svc.keyring,
+            # a broker that lost its log: re-publish what the outbox still keeps
+            broker_records=partial(topic_records, s.kafka_bootstrap, topics.memory),
         )
         stoppers.append(supervise("outbox-relay", outbox.run, svc.loops))
 
