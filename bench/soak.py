@@ -8,7 +8,8 @@ One real ``memstream up`` (subprocess, embedded Kafka, Postgres, Valkey; chdb, q
 and SlateDB in-process) takes appends and memory stores through its public HTTP API from
 ``--concurrency`` writers. First a **fault-free** stretch (``--baseline-s``) measures the
 acknowledged writes per second; then load runs until ``--messages`` appends are
-acknowledged, with one fault every ``--fault-every`` seconds (cycling ``--faults``):
+acknowledged and every fault ran at least once, with one fault every ``--fault-every``
+seconds (cycling ``--faults``):
 
 - ``memstream``: ``memstream up`` SIGKILLed and started again on its data dir;
 - ``kafka`` / ``postgres`` / ``valkey``: that child server SIGKILLed (restarted by ``up``
@@ -57,9 +58,14 @@ def log(msg: str) -> None:
 
 
 def start_load(
-    up: h.Up, ledger: h.Ledger, args: argparse.Namespace, memory_every: int
+    up: h.Up,
+    ledger: h.Ledger,
+    args: argparse.Namespace,
+    memory_every: int,
+    cap: int | None = None,
 ) -> tuple[asyncio.Event, asyncio.Task[None]]:
-    """Start the harness's load against ``up``; set the event to stop it, await the task."""
+    """Start the harness's load against ``up`` (until ``cap`` appends are acknowledged, if
+    given); set the event to stop it, await the task."""
     stop = asyncio.Event()
     task = asyncio.create_task(
         h.load(
@@ -69,7 +75,7 @@ def start_load(
             threads=args.threads,
             memory_every=memory_every,
             concurrency=args.concurrency,
-            max_messages=args.messages,
+            max_messages=cap,
         )
     )
     return stop, task
@@ -81,11 +87,12 @@ async def loaded(
     seconds: float,
     args: argparse.Namespace,
     memory_every: int,
+    cap: int | None = None,
 ) -> tuple[int, float]:
     """Load for ``seconds`` (or until ``--messages``); (writes acknowledged, seconds)."""
     before = ledger.appends_ok + ledger.stores_ok
     t0 = time.monotonic()
-    stop, task = start_load(up, ledger, args, memory_every)
+    stop, task = start_load(up, ledger, args, memory_every, cap)
     with_timeout = asyncio.wait_for(asyncio.shield(task), seconds)
     try:
         await with_timeout
@@ -203,24 +210,28 @@ async def main(args: argparse.Namespace) -> int:
         if args.workers:
             await workers.start(args.workers)
             log(f"{args.workers} worker(s) {' '.join(WORKER_PROCESSORS)} beside up")
-        await loaded(up, ledger, args.warmup_s, args, memory_every)  # models load, caches fill
-        n, secs = await loaded(up, ledger, args.baseline_s, args, memory_every)
+        cap = args.messages
+        await loaded(up, ledger, args.warmup_s, args, memory_every, cap)  # models load
+        n, secs = await loaded(up, ledger, args.baseline_s, args, memory_every, cap)
         base_rate = n / secs
         log(f"fault-free: {n} writes in {secs:.1f}s = {base_rate:.0f}/s")
         await h.converge(up, timeout=args.converge_timeout)
 
         load_writes, load_secs, i = 0, 0.0, 0
-        while ledger.appends_ok < args.messages:
-            n, secs = await loaded(up, ledger, args.fault_every / 2, args, memory_every)
+        # until --messages are acknowledged and every fault ran at least once (the load
+        # is capped at --messages only once they all did)
+        while ledger.appends_ok < args.messages or i < len(faults):
+            cap = args.messages if i >= len(faults) else None
+            n, secs = await loaded(up, ledger, args.fault_every / 2, args, memory_every, cap)
             load_writes, load_secs = load_writes + n, load_secs + secs
-            if ledger.appends_ok >= args.messages:
+            if ledger.appends_ok >= args.messages and i >= len(faults):
                 break
             name = faults[i % len(faults)]
             i += 1
             t_fault = time.monotonic()
             t0 = time.monotonic()
             w0 = ledger.appends_ok + ledger.stores_ok
-            stop, task = start_load(up, ledger, args, memory_every)
+            stop, task = start_load(up, ledger, args, memory_every, cap)
             await fault(up, name, workers, args)
             await asyncio.sleep(args.fault_every / 2)
             stop.set()
@@ -266,7 +277,7 @@ async def main(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(line)
     print(f"dead letters: {len(report.dead_letters)} ({len(bad_letters)} unexpected)")
-    for name in faults:
+    for name in dict.fromkeys(faults):
         times = converge_s.get(name, [])
         if times:
             print(f"fault {name:<10} x{len(times)}: longest convergence {max(times):.1f}s")
