@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Final
 
 import asyncpg
 
@@ -127,6 +128,45 @@ async def store_lock_first(pool: asyncpg.Pool, c: Caller, key: str, text: str) -
         await append_events(conn, "memory.stored", [written], now)
 
 
+CATEGORIES: Final = ("user_profile", "project_fact", "observation")
+
+
+async def store_agent_lock(
+    pool: asyncpg.Pool, c: Caller, key: str, text: str, category: str
+) -> None:
+    """The store of before the per-category lock: the same steps as ``MemoryService.store``
+    (key read, write, outbox row, then the lock and count), with the agent's lock taken
+    right before the count (so every category of the agent shares one lock)."""
+    req = policy.check_store(
+        key=key,
+        content=text,
+        category=category,
+        scope="shared",
+        importance=None,
+        user_id=c.user_id,
+    )
+    now = SystemClock().now()
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(
+            f"SELECT {ENTRY_COLUMNS} FROM memory_entries WHERE account_id = $1 "
+            "AND agent_id = $2 AND owner = $3 AND key = $4 FOR UPDATE",
+            c.account_id,
+            c.agent_id,
+            req.owner,
+            req.key,
+        )
+        assert row is None
+        entry = policy.new_entry(req, c.account_id, c.agent_id, now, version=0)
+        written = await write_entry_if(conn, entry, None)
+        assert written is not None
+        await append_events(conn, "memory.stored", [written], now)
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"{c.account_id}/{c.agent_id}"
+        )
+        usage = await capacity_usage(conn, written, now, without_itself=True)
+        policy.check_capacity(req.category, req.user_id, usage)
+
+
 async def main(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pg = EmbeddedPostgres(Path(tmp))
@@ -138,7 +178,7 @@ async def main(n: int) -> None:
             svc = MemoryService(pool, SystemClock(), binding=accounts)
             await accounts.ensure_account("b")
             agents = [f"many{c}-{j}" for c in (1, 16) for j in range(50)]
-            for agent in agents + ["one1", "one16", "before1", "before16"]:
+            for agent in agents + ["one1", "one16", "before1", "before16", "mixed", "mixedb"]:
                 await accounts.configure_agent("b", agent, memory=True)  # the tools need it
             print(f"memory_store, {n} ops each (observation category, capacity 500 per agent)")
             for conc in (1, 16):
@@ -177,6 +217,45 @@ async def main(n: int) -> None:
                     f"({before / raw:.2f}x raw), after (lock last) {one:8.0f}/s "
                     f"({one / raw:.2f}x raw)"
                 )
+            # One agent, its stores spread over the three categories (90 each, under every
+            # limit), concurrency 16: the capacity lock per (agent, category) of now against
+            # the agent-wide lock of before (same steps otherwise), interleaved.
+            m = 270
+            mixed_after, mixed_before = [], []
+            for r in range(2):
+                mixed_before.append(
+                    await run_concurrent(
+                        m // 2,
+                        16,
+                        lambda i, r=r: store_agent_lock(
+                            pool,
+                            Caller("b", "mixedb", None),
+                            f"r{r}k{i}",
+                            content(i),
+                            CATEGORIES[i % 3],
+                        ),
+                    )
+                )
+                mixed_after.append(
+                    await run_concurrent(
+                        m // 2,
+                        16,
+                        lambda i, r=r: svc.store(
+                            Caller("b", "mixed", None),
+                            f"r{r}k{i}",
+                            content(i),
+                            CATEGORIES[i % 3],
+                            "shared",
+                        ),
+                    )
+                )
+            raw16 = await run_concurrent(n, 16, lambda i: raw_insert(pool, f"rawm-{i % 50}", i))
+            b, a = statistics.mean(mixed_before), statistics.mean(mixed_after)
+            print(
+                f"  one agent, 3 categories, concurrency 16: raw {raw16:8.0f}/s | agent lock "
+                f"(before) {b:8.0f}/s ({b / raw16:.2f}x raw) | lock per category (now) "
+                f"{a:8.0f}/s ({a / raw16:.2f}x raw)"
+            )
             unchanged = await run_concurrent(
                 450,
                 1,

@@ -85,6 +85,35 @@ async def test_40_concurrent_writers_for_30_slots_never_exceed_capacity(
         assert len(events) == 30 and {t for t, _ in events} == {"memory.stored"}
 
 
+async def test_two_categories_filled_at_once_each_stop_at_their_own_limit(
+    wide_pool: asyncpg.Pool,
+) -> None:
+    # The capacity lock is per category: writers of two categories of one user run at the
+    # same time, and each category still stops exactly at its limit (30 and 50 per user).
+    svc = svc_of(wide_pool)
+    c = Caller("acc", f"two{next(_agents)}", "u1")
+    start = asyncio.Event()
+    plan = [("user_profile", i) for i in range(40)] + [("project_fact", i) for i in range(60)]
+
+    async def one(category: str, i: int) -> tuple[str, str]:
+        await start.wait()
+        try:
+            status = (await svc.store(c, f"{category}{i}", f"fact {i}", category, "private")).status
+        except CapacityExceeded:
+            status = "refused"
+        return category, status
+
+    tasks = [asyncio.create_task(one(cat, i)) for cat, i in plan]
+    await asyncio.sleep(0)
+    start.set()
+    results = await asyncio.gather(*tasks)
+    created = [cat for cat, status in results if status == "created"]
+    assert created.count("user_profile") == 30 and created.count("project_fact") == 50
+    assert len(results) - len(created) == 10 + 10  # the others refused
+    n, events = await rows_and_events(wide_pool, c)
+    assert n == 80 and len(events) == 80
+
+
 async def test_concurrent_stores_of_one_new_key_are_neither_lost_nor_doubled(
     wide_pool: asyncpg.Pool,
 ) -> None:

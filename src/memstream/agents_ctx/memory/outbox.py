@@ -89,8 +89,8 @@ async def append_events(
 async def capacity_usage(
     conn: asyncpg.Connection, entry: MemoryEntry, now: datetime, *, without_itself: bool
 ) -> Usage:
-    """Take the (account, agent) capacity lock, then count the live entries of ``entry``'s
-    category (the agent's, and ``entry.user_id``'s), in one round trip (the SQL function
+    """Take the (account, agent, category) capacity lock, then count the live entries of
+    ``entry``'s category (the agent's, and ``entry.user_id``'s), in one round trip (the SQL function
     ``memstream_capacity_usage``); with ``without_itself``, a row at ``entry``'s identity
     (one this transaction has just written) is not counted.
 

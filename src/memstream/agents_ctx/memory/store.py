@@ -6,9 +6,10 @@ Guarantees:
 - **Atomic**: every change to an entry and its ``memory.*`` outbox event are written in one
   transaction; a rejected call writes nothing.
 - **Capacity holds under concurrency**: a store that needs room writes its entry and outbox
-  row first, then takes the (account, agent) advisory lock, counts the category (its own
-  row excluded) and commits; the lock covers only the count and the commit, so concurrent
-  stores of one agent overlap in everything else, and every count still sees every
+  row first, then takes the (account, agent, category) advisory lock, counts the category
+  (its own row excluded) and commits; the lock covers only the count and the commit, so
+  concurrent stores of one agent overlap in everything else (stores of different categories
+  in everything), and every count still sees every
   committed entry (``outbox.capacity_usage``). Stores of one key are serialised by its row lock.
 - **Isolation**: every statement filters by account and agent; a caller sees the agent's
   shared entries plus its own private ones, nothing else (also in forget and recall).
