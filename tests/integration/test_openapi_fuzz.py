@@ -44,7 +44,8 @@ from memstream.infra.cli.state import read_state
 from memstream.infra.postgres import create_pool
 
 KEY = "fuzz-key-123"
-EXAMPLES = 8
+#: cases per operation; raise it for a deeper run (MEMSTREAM_FUZZ_EXAMPLES=200 pytest ...)
+EXAMPLES = int(os.environ.get("MEMSTREAM_FUZZ_EXAMPLES", "8"))
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

@@ -45,3 +45,28 @@ def test_patch_shapes() -> None:
     assert e.value.field == "importance"
     assert editing.resolve_limit(None) == 50
     assert editing.resolve_limit("200") == 200
+
+
+def test_every_refusal_names_a_field() -> None:
+    """Found by the contract fuzz: a PATCH body key "" was refused naming field "" (none);
+    a NUL under an empty key likewise. Such errors name the body instead."""
+    from memstream.agents_ctx.validation import check_json
+
+    with pytest.raises(InvalidRequest) as e:
+        editing.parse_patch({"": 1}, NOW)
+    assert e.value.field == "body" and "'' cannot be edited" in e.value.message
+    with pytest.raises(InvalidRequest) as e:
+        check_json({"": "a\x00b"}, "")
+    assert e.value.field == "body"
+    with pytest.raises(InvalidRequest) as e:
+        editing.parse_import_line({"key": "k", "content": "c", "category": "observation",
+                                   "created_at": "0001-01-01T00:00:00+14:00"},
+                                  Caller("acme", "a", "alice"), NOW)  # fmt: skip
+    assert e.value.field == "created_at"
+    with pytest.raises(InvalidRequest) as e:
+        editing.parse_import_line(
+            {"key": "k", "content": "c", "category": "observation", "recall_count": 2**63},
+            Caller("acme", "a", "alice"),
+            NOW,
+        )
+    assert e.value.field == "recall_count"

@@ -69,7 +69,7 @@ def check_json(value: object, field: str, depth: int = 0) -> None:
             check_json(v, f"{field}[{i}]", depth + 1)
         return
     for k, v in value.items():
-        sub = f"{field}.{k}" if field else str(k)
+        sub = f"{field}.{k}" if field else (str(k) or "body")
         if isinstance(k, str) and "\x00" in k:
             raise InvalidRequest(f"{field or 'body'} has a key with a NUL character", field=sub)
         check_json(v, sub, depth + 1)

@@ -166,7 +166,8 @@ def parse_patch(body: Mapping[str, object], now: datetime) -> EntryPatch:
     for name in body:
         if name not in PATCH_FIELDS:
             raise InvalidRequest(
-                f"{name} cannot be edited (editable: {', '.join(PATCH_FIELDS)})", field=name
+                f"{name!r} cannot be edited (editable: {', '.join(PATCH_FIELDS)})",
+                field=name or "body",  # an empty key still names where the error is
             )
     if not body:
         raise InvalidRequest(f"send at least one of {', '.join(PATCH_FIELDS)}", field="body")
