@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -104,21 +105,29 @@ async def wait_version(p: Pipeline, ref: ThreadRef, version: int, timeout: float
 
 
 async def summary_events(p: Pipeline, ref: ThreadRef) -> list[tuple[str, str]]:
-    """(type, id) of every summaries-topic event of this thread, in order."""
+    """(type, id) of every summaries-topic event of this thread, in order: read up to the
+    topic's end offsets as they are when called (not until the first empty fetch, which
+    stops short on a loaded machine)."""
     consumer = AIOKafkaConsumer(
         p.topics.summaries, bootstrap_servers=p.bootstrap, auto_offset_reset="earliest"
     )
     await consumer.start()
     out: list[tuple[str, str]] = []
     try:
-        batches = await consumer.getmany(timeout_ms=3000)
-        while batches:
+        deadline = time.monotonic() + 60
+        while not consumer.assignment():
+            assert time.monotonic() < deadline, "no partition of the summaries topic assigned"
+            await asyncio.sleep(0.05)
+        parts = list(consumer.assignment())
+        end = await consumer.end_offsets(parts)
+        while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
+            assert time.monotonic() < deadline, "summaries topic not read to its end in 60 s"
+            batches = await consumer.getmany(timeout_ms=1000)
             for records in batches.values():
                 for r in records:
                     env = decode(r.value)
                     if env.thread_id == ref.thread_id and env.agent_id == ref.agent_id:
                         out.append((env.type, env.id))
-            batches = await consumer.getmany(timeout_ms=1000)
     finally:
         await consumer.stop()
     return out
@@ -160,14 +169,20 @@ async def test_end_to_end_one_summary_per_crossing_with_redelivery(pipeline: Pip
     await asyncio.sleep(3)  # let both racing summarizers and any redelivery settle
     assert (await pipeline.store.get_stored(ref)) == v2
     assert await pipeline.store.get_version(ref, 3) is None
-    events = await summary_events(pipeline, ref)
-    requested = {i for t, i in events if t == "summary.requested"}
-    written = [i for t, i in events if t == "summary.written"]
-    assert len(requested) == 2  # one per crossing
-    assert set(written) == {
+    expected = {
         f"sum:{ref.account_id}/{ref.agent_id}/{ref.thread_id}@v1",
         f"sum:{ref.account_id}/{ref.agent_id}/{ref.thread_id}@v2",
     }
+    deadline = time.monotonic() + 60  # summary.written is published after the store write
+    while True:
+        events = await summary_events(pipeline, ref)
+        written = [i for t, i in events if t == "summary.written"]
+        if set(written) >= expected or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    requested = {i for t, i in events if t == "summary.requested"}
+    assert len(requested) == 2  # one per crossing
+    assert set(written) == expected
 
 
 async def test_many_threads_race_to_dense_versions(pipeline: Pipeline) -> None:
