@@ -19,6 +19,7 @@ from memstream.infra.embedded.kafka import ApacheKafkaServer
 from memstream.infra.journal import Journal
 from memstream.infra.kafka import Bus, ensure_topics
 from memstream.infra.metrics import make_metrics
+from memstream.infra.supervisor import LoopState
 from memstream.schemas.events import decode
 from memstream.schemas.records import NewMessage, ThreadRef
 from memstream.schemas.topics import Topics
@@ -141,7 +142,8 @@ async def test_relay_catches_up_after_the_broker_stops_and_restarts(
     # idempotent: aiokafka retries in place until the broker is back (no duplicates);
     # plain (Tansu's case): each attempt times out and the relay re-sends from its watermark
     bus = Bus(broker.address, request_timeout_s=2, idempotent=idempotent)
-    relay = JournalRelay(journal, bus, topics, batch_size=20, max_backoff=0.5)
+    state = LoopState()
+    relay = JournalRelay(journal, bus, topics, batch_size=20, max_backoff=0.5, state=state)
     try:
         await ensure_topics(broker.address, topics, 3, 1)
         await relay.start()
@@ -159,6 +161,8 @@ async def test_relay_catches_up_after_the_broker_stops_and_restarts(
         assert relay.watermark < appended
         if idempotent:
             assert relay.publishing_for > 1  # stalled on Kafka, visible for health checks
+        else:  # its loop state says what it waits for (/readyz, the console, /metrics)
+            assert state.state == "waiting" and state.waiting_for == "kafka", state
 
         broker = ApacheKafkaServer(tmp_path / "kafka", port=port)
         await broker.start()
@@ -167,6 +171,7 @@ async def test_relay_catches_up_after_the_broker_stops_and_restarts(
         assert await relay.wait_caught_up(60)
         assert relay.backlog == 0
         assert await journal.relay_watermark() == appended
+        assert state.state == "running", state
 
         seen = check_topic(await read_topic(broker.address, topics.journal), appended)
         duplicates = sum(c - 1 for c in seen.values())

@@ -63,6 +63,8 @@ from memstream.infra.data_keys import OVERHEAD_BYTES, Keyring, thread_scope
 from memstream.infra.journal.erase import placeholder
 from memstream.infra.kafka.bus import Bus
 from memstream.infra.metrics import Metrics
+from memstream.infra.outage import dependency_of
+from memstream.infra.supervisor import LoopState
 from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
 from memstream.schemas.limits import MAX_BUS_RECORD_BYTES
 from memstream.schemas.topics import Topics
@@ -223,7 +225,11 @@ class JournalRelay:
         metrics: Metrics | None = None,
         check_broker_log: bool = False,
         keyring: Keyring | None = None,
+        state: LoopState | None = None,
     ) -> None:
+        #: the relay's loop state (``infra.supervisor``: ``/readyz``, console, ``/metrics``):
+        #: ``waiting for kafka`` / ``waiting for postgres`` (sealing) while a pass fails
+        self.state = state if state is not None else LoopState()
         self._check_broker_log = check_broker_log
         self._keyring = keyring
         self._journal = journal
@@ -398,12 +404,16 @@ class JournalRelay:
                 self._metrics.relay_backlog.labels(relay="journal").set(self.backlog)
             try:
                 n = await self.run_once()
-            except JournalFenced:
+            except JournalFenced as exc:
                 log.error("journal relay: the journal writer was fenced; relay stops")
+                self.state.failed(exc)
+                self.state.state = "stopped"
                 return
             except (InfraError, JournalError) as exc:
                 self.stats.failures += 1
                 self.stats.last_error = exc.message
+                away = "journal" if isinstance(exc, JournalError) else "kafka"
+                self.state.waiting(dependency_of(exc) or away, exc)
                 log.warning(
                     "journal relay: publishing after seq %d failed (%s); retrying in %.1fs",
                     self._watermark,
@@ -417,6 +427,7 @@ class JournalRelay:
                 continue
             if backoff > self._min_backoff:
                 log.info("journal relay: publishing again, watermark %d", self._watermark)
+            self.state.recovered()
             backoff = self._min_backoff
             if n >= self._batch_size:
                 continue  # more is waiting: no sleep while catching up

@@ -272,6 +272,7 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
             metrics=svc.metrics,
             check_broker_log=True,
             keyring=svc.keyring,
+            state=svc.loops.get("journal-relay"),
         )
         stack.journal.on_durable(relay.notify)
         await relay.start()
