@@ -47,7 +47,8 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from memstream.errors import RetryableInfraError
+from memstream.errors import InfraError, PermanentInfraError, RetryableInfraError
+from memstream.infra.outage import is_transient
 
 __all__ = [
     "MAGIC",
@@ -199,7 +200,7 @@ class Keyring:
                 "SELECT scope, kid, key FROM data_keys WHERE scope = ANY($1::text[])", texts
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-            raise RetryableInfraError(f"data keys: {e}") from e
+            raise _keys_error(e) from e
         found = {str(r["scope"]): (bytes(r["kid"]), AESGCM(bytes(r["key"]))) for r in rows}
         self._trim()
         for s, text in zip(missing, texts, strict=True):
@@ -243,7 +244,7 @@ class Keyring:
                     "SELECT kid, key FROM data_keys WHERE kid = ANY($1::bytea[])", list(wanted)
                 )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-                raise RetryableInfraError(f"data keys: {e}") from e
+                raise _keys_error(e) from e
             found = {bytes(r["kid"]): AESGCM(bytes(r["key"])) for r in rows}
             self._trim()
             for kid, cipher in found.items():
@@ -297,3 +298,11 @@ class Keyring:
             self._by_scope.clear()
         if len(self._by_kid) > self._max:
             self._by_kid.clear()
+
+
+def _keys_error(e: Exception) -> InfraError:
+    """Postgres away: retryable (a processor pauses); any other refusal (a missing table,
+    a permission) fails the same way again, so it is not dressed up as an outage."""
+    if is_transient(e):
+        return RetryableInfraError(f"data keys: {e}")
+    return PermanentInfraError(f"data keys: {e}")

@@ -21,7 +21,10 @@ Guarantees:
 - The lock is released only by its holder (token compare) and expires on its own, so a
   crashed holder blocks a thread for at most the lock TTL.
 
-Redis failures surface as :class:`~memstream.errors.RetryableInfraError`.
+Valkey away (connection, timeout, loading) surfaces as
+:class:`~memstream.errors.RetryableInfraError` (a processor pauses and retries); a refusal
+that would repeat (a script or data error) as :class:`~memstream.errors.PermanentInfraError`
+(a processor dead-letters the record instead of stalling on it).
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from typing import Final, Literal, TypeVar, cast
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from memstream.errors import RetryableInfraError
+from memstream.errors import PermanentInfraError, RetryableInfraError
 from memstream.infra import redis_keys
+from memstream.infra.outage import is_transient
 from memstream.schemas.records import ThreadRef
 
 T = TypeVar("T")
@@ -230,7 +234,11 @@ async def _call(fn: Callable[[], Awaitable[T]], doing: str) -> T:
     try:
         return await fn()
     except RedisError as e:
-        raise RetryableInfraError(f"redis failed while {doing}: {e}") from e
+        # Valkey away (connection, timeout, loading): retry; a script or data error
+        # (ResponseError, DataError) would fail the same way again: the record's fault
+        if is_transient(e):
+            raise RetryableInfraError(f"redis failed while {doing}: {e}") from e
+        raise PermanentInfraError(f"redis refused {doing}: {e}") from e
 
 
 class ThreadState:
