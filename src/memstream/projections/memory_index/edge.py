@@ -102,11 +102,15 @@ def hybrid_request(
     hnsw_ef: int | None = None,
     acorn_max_selectivity: float | None = None,
     exact: bool = False,
+    exact_dense: bool = False,
 ) -> QueryRequest:
     """The recall query: dense and BM25 prefetches under the scope filter, fused by DBSF.
 
     ``hnsw_ef`` sets the dense walk's candidate list, ``acorn_max_selectivity`` when it
-    uses ACORN (see ``IndexTuning``); ``exact`` scores every filtered point instead (what the bench and tests compare the approximate search with).
+    uses ACORN (see ``IndexTuning``); ``exact_dense`` scores every filtered point's dense
+    vector instead of walking the graph (the BM25 side is exact either way: an inverted
+    index); ``exact`` also scans the sparse vectors (the reference the bench and tests
+    compare the approximate search with).
     """
     flt = scope_filter(scope)
     acorn = (
@@ -114,7 +118,11 @@ def hybrid_request(
         if acorn_max_selectivity is not None
         else None
     )
-    params = SearchParams(hnsw_ef=hnsw_ef, exact=exact, acorn=acorn)
+    params = (
+        SearchParams(exact=True)
+        if exact or exact_dense
+        else SearchParams(hnsw_ef=hnsw_ef, acorn=acorn)
+    )
     prefetches = [
         Prefetch(
             limit=prefetch_limit,
@@ -337,13 +345,19 @@ class EdgeIndex:
         prefetch_limit: int,
         *,
         exact: bool = False,
+        exact_dense: bool | None = None,
     ) -> list[tuple[PointIdentity, float]]:
         """The hybrid query, in the calling thread. ``exact`` scores every point the filter
         lets through instead of walking the HNSW graph: the reference the approximate search
-        is measured against (bench/recall_scale.py, tests)."""
+        is measured against (bench/recall_scale.py, tests). ``exact_dense`` (``None``: the
+        tuning decides by the agent's size) scores the dense side exactly."""
         shard = self._open(name, None)
         if shard is None:
             return []
+        if exact_dense is None:
+            exact_dense = self.tuning.exact_scan_kb is not None and self.tuning.scans_exactly(
+                self._agent_points(shard, scope.agent_id), len(dense)
+            )
         hits = shard.query(
             hybrid_request(
                 dense,
@@ -354,9 +368,17 @@ class EdgeIndex:
                 hnsw_ef=self.tuning.hnsw_ef,
                 acorn_max_selectivity=self.tuning.acorn_max_selectivity,
                 exact=exact,
+                exact_dense=bool(exact_dense),
             )
         )
         return [(identity_from_payload(h.payload or {}), float(h.score)) for h in hits]
+
+    @staticmethod
+    def _agent_points(shard: EdgeShard, agent_id: str) -> int:
+        """The agent's point count, estimated from the ``agent_id`` payload index (no point
+        is read): what decides an exact scan (``IndexTuning.scans_exactly``)."""
+        flt = Filter(must=[FieldCondition("agent_id", match=MatchValue(agent_id))])
+        return int(shard.count(CountRequest(exact=False, filter=flt)))
 
     async def hybrid_query(
         self,

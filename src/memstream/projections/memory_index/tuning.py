@@ -38,6 +38,13 @@ class IndexTuning:
     - ``indexing_threshold_kb``: a segment holding more vectors than this is given an HNSW
       graph by ``optimize()`` (``None``: Qdrant's default, 10,000 KB ≈ 6,700 vectors at
       384-d); tests lower it to build graphs on small data.
+    - ``exact_scan_kb``: an agent whose dense vectors take at most this many KB is scored
+      exactly at query time (the dense prefetch scans the agent's points through the
+      ``agent_id`` index instead of walking its graph; BM25 is exact either way). Decided
+      per query from the agent's point count (:meth:`scans_exactly`), so it needs no
+      rebuild. In KB of float32 vectors, like ``full_scan_kb``: the cost of a scan is its
+      bytes, so the same budget covers 4x fewer 1,536-d entries than 384-d ones
+      (``None``: never).
     """
 
     m: int
@@ -49,15 +56,25 @@ class IndexTuning:
     graph_fields: tuple[str, ...] | None = None
     indexing_threshold_kb: int | None = None
     acorn_max_selectivity: float | None = None
+    exact_scan_kb: int | None = None
 
     def builds_graph(self, field: str) -> bool:
         return self.graph_fields is None or field in self.graph_fields
+
+    def scans_exactly(self, points: int, dimensions: int) -> bool:
+        """Whether an agent of ``points`` entries of ``dimensions``-d vectors is scored
+        exactly (see ``exact_scan_kb``)."""
+        return self.exact_scan_kb is not None and points * dimensions * 4 <= (
+            self.exact_scan_kb * 1024
+        )
 
     def __post_init__(self) -> None:
         if self.m < 0 or self.ef_construct < 4 or self.full_scan_kb < 0:
             raise ValueError(f"invalid index tuning: {self}")
         if self.hnsw_ef is not None and self.hnsw_ef < 1:
             raise ValueError(f"invalid index tuning: hnsw_ef={self.hnsw_ef}")
+        if self.exact_scan_kb is not None and self.exact_scan_kb < 0:
+            raise ValueError(f"invalid index tuning: exact_scan_kb={self.exact_scan_kb}")
 
 
 LEGACY: Final = IndexTuning(
@@ -75,10 +92,11 @@ TUNING: Final = IndexTuning(
     ef_construct=100,
     payload_m=16,
     full_scan_kb=10_000,
-    hnsw_ef=256,
+    hnsw_ef=1024,
     tenant_fields=("agent_id",),
     graph_fields=("agent_id",),
     acorn_max_selectivity=1.0,
+    exact_scan_kb=30_000,
 )
 """One graph per agent, no collection-wide graph; a wider walk at search time.
 
@@ -88,8 +106,12 @@ exactly that, for each agent larger than ``full_scan_kb`` (≈6,700 entries at 3
 at 1,536-d); smaller agents are scanned exactly through the payload index, which is both
 right and fast at that size. No other field gets per-value graphs (the account is the
 collection; visibility, owner, category and key never narrow enough to pay for a build).
-``hnsw_ef = 256`` keeps the 100-candidate dense prefetch close to exact, and ACORN (always)
-reaches entries whose graph neighbours the filter rejects: identical vectors are common in
-memory (the same fact stored privately by many users, an expired copy and its successor),
-and HNSW links a point to one of its duplicates rather than to all of them. Measured by
+``hnsw_ef = 1024`` keeps the 100-candidate dense prefetch close to exact up to 100k entries
+per agent (256 was enough at 10k, not at 100k: hybrid hit@5 0.557 against 0.633 exact;
+1,024 gives 0.617), and ACORN (always) reaches entries whose graph neighbours the filter
+rejects: identical vectors are common in memory (the same fact stored privately by many
+users, an expired copy and its successor), and HNSW links a point to one of its duplicates
+rather than to all of them. Agents of up to ``exact_scan_kb = 30,000`` KB (20,000 entries
+at 384-d, 5,000 at 1,536-d) are scored exactly instead: there a scan costs about what the
+wide walk does and is exact by construction; at 100k a scan cost 3-4x the walk. Measured by
 bench/recall_scale.py against :data:`LEGACY` (docs/recall-index.md, "Recall at scale")."""
