@@ -16,6 +16,7 @@ operation); the start of ``memstream up`` comes on top.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -71,7 +72,9 @@ def _ndjson(ctx: Any, value: Any) -> bytes:
         return value
     if isinstance(value, str):
         return value.encode("utf-8", "surrogatepass")
-    return b"\n".join(orjson.dumps(v) for v in (value if isinstance(value, list) else [value]))
+    # a schema-violating body may be anything: big integers, non-string keys, NaN
+    lines = value if isinstance(value, list) else [value]
+    return b"\n".join(json.dumps(v, default=str).encode() for v in lines)
 
 
 def _start_up(data: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
