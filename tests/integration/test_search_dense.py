@@ -6,9 +6,13 @@ ranks the same; a table without vectors is filled in place; erasure removes the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import os
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -211,3 +215,31 @@ async def test_background_embedder_gives_the_same_vectors_at_low_priority() -> N
     assert background._executor is not None  # noqa: SLF001 - the worker's own priority
     nice = background._executor.submit(lambda: os.getpriority(os.PRIO_PROCESS, 0)).result()  # noqa: SLF001
     assert nice == 19
+
+
+async def test_the_vector_loop_embeds_messages_stored_after_it_caught_up(
+    dense_store: MessageStore, embedder: CachingEmbedder
+) -> None:
+    """``run`` (what ``memstream up`` supervises) skips the pending scan while the table is
+    unchanged, and still embeds what arrives later: a paraphrase then finds it."""
+    await dense_store.ensure_schema()
+    await _conversation(dense_store, "first")
+    vectors = MessageVectors(dense_store, embedder)
+    task = asyncio.create_task(vectors.run(idle_s=0.05))
+    try:
+        await wait_for(lambda: vectors.embedded == 25, "the first thread embedded")
+        await _conversation(dense_store, "later")
+        await wait_for(lambda: vectors.embedded == 50, "the later thread embedded")
+        hits = await search(dense_store, query=PARAPHRASE, limit=2)
+        assert set(hits) == {("first", 24), ("later", 24)}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def wait_for(check: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)

@@ -108,11 +108,11 @@ class Settings(BaseSettings):
         default="memstream", description="Database of the transcript-search tables."
     )
     transcript_dense: bool = Field(
-        default=False,
+        default=True,
         description="Transcript search's dense side: embed each projected message (behind "
-        "the message projector) and fuse dense similarity with BM25 "
-        "(docs/transcript-search.md). Off by default: the offline embedder follows at tens "
-        "of messages/s and its background load upset timing-sensitive summary tests.",
+        "the message projector, at the lowest CPU priority) and fuse dense similarity with "
+        "BM25 (docs/transcript-search.md). false: BM25 only (the offline embedder follows "
+        "at tens of messages/s; a paraphrased question finds only the embedded part).",
     )
 
     # --- models -----------------------------------------------------------------------------
