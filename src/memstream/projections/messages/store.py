@@ -318,13 +318,26 @@ class MessageStore:
         """BM25 with the proximity bonus only (the whole search without a dense side)."""
         stats = await self.collection_stats(spec.account_id, spec.agent_id)
         sql, params = search_sql(self.database, spec, stats)
+        ranked = await self.engine.rows(sql, params)
+        if not ranked:
+            return []
+        # the text of the rows returned only (the scoring reads keys and terms)
+        stored = {
+            (str(t), int(str(o))): (str(mid), str(role), str(content))
+            for t, mid, o, role, content, _ms, _terms in await self.engine.rows(
+                messages_by_key_sql(self.database),
+                {
+                    "account_id": spec.account_id,
+                    "agent_id": spec.agent_id,
+                    "thread_ids": [str(r[0]) for r in ranked],
+                    "offsets": [int(str(r[1])) for r in ranked],
+                },
+            )
+        }
         out = []
         for (
             thread_id,
-            message_id,
             offset,
-            role,
-            content,
             created_ms,
             relevance,
             bm25,
@@ -334,7 +347,11 @@ class MessageStore:
             doc_len,
             avg_len,
             n_docs,
-        ) in await self.engine.rows(sql, params):
+        ) in ranked:
+            row = stored.get((str(thread_id), int(str(offset))))
+            if row is None:  # erased between the two queries
+                continue
+            message_id, role, content = row
             explain: dict[str, object] | None = None
             if spec.explain:
                 explain = {
@@ -351,10 +368,10 @@ class MessageStore:
             out.append(
                 SearchHit(
                     thread_id=str(thread_id),
-                    message_id=str(message_id),
+                    message_id=message_id,
                     offset=int(str(offset)),
-                    role=str(role),
-                    content=str(content),
+                    role=role,
+                    content=content,
                     created_at=datetime.fromtimestamp(int(str(created_ms)) / 1000, tz=UTC),
                     relevance=float(str(relevance)),
                     explain=explain,
