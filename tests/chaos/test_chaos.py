@@ -44,11 +44,9 @@ async def phase(
 
 
 async def test_faults_one_at_a_time_lose_and_double_nothing(
-    traversable_tmp: Path, kafka_broker_kind: str
+    chaos_data: Path,
 ) -> None:
-    if kafka_broker_kind != "kafka":
-        pytest.skip("needs Apache Kafka (Tansu keeps no data across a restart)")
-    data = traversable_tmp / f"chaos-{id(object())}"
+    data = chaos_data
     up = h.Up(data, env={"MEMSTREAM_KAFKA_BROKER": "kafka"})
     ledger = h.Ledger()
     up.start()

@@ -32,11 +32,9 @@ AFTER = 8
 
 
 async def test_partition_count_change_under_load_loses_nothing(
-    traversable_tmp: Path, kafka_broker_kind: str
+    chaos_data: Path,
 ) -> None:
-    if kafka_broker_kind != "kafka":
-        pytest.skip("needs Apache Kafka (CreatePartitions)")
-    data = traversable_tmp / f"partitions-{id(object())}"
+    data = chaos_data
     up = h.Up(data, env={"MEMSTREAM_KAFKA_BROKER": "kafka", "MEMSTREAM_PARTITIONS": str(BEFORE)})
     ledger = h.Ledger()
     up.start()

@@ -23,11 +23,9 @@ GROUPS = ("memstream-counters", "memstream-summarizer")
 
 
 async def test_workers_join_crash_and_leave_under_load_lose_and_double_nothing(
-    traversable_tmp: Path, kafka_broker_kind: str
+    chaos_data: Path,
 ) -> None:
-    if kafka_broker_kind != "kafka":
-        pytest.skip("needs Apache Kafka (Tansu's group coordinator is not under test here)")
-    data = traversable_tmp / f"scale-{id(object())}"
+    data = chaos_data
     up = h.Up(data, env={"MEMSTREAM_KAFKA_BROKER": "kafka"})
     ledger = h.Ledger()
     up.start()

@@ -15,11 +15,9 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.chaos]
 
 
 async def test_kill9_of_up_right_after_acks_loses_no_search_row(
-    traversable_tmp: Path, kafka_broker_kind: str
+    chaos_data: Path,
 ) -> None:
-    if kafka_broker_kind != "kafka":
-        pytest.skip("needs Apache Kafka (Tansu keeps no data across a restart)")
-    data = traversable_tmp / f"kill9-{id(object())}"
+    data = chaos_data
     up = h.Up(data, env={"MEMSTREAM_KAFKA_BROKER": "kafka", "MEMSTREAM_TRANSCRIPT_DENSE": "1"})
     ledger = h.Ledger()
     up.start()

@@ -66,8 +66,11 @@ class EmbeddedPostgres(EmbeddedServer):
             self.host,
             "-p",
             str(self.port),
+            # TCP only: a Unix socket path under the data dir is limited to 107 bytes, so a
+            # long --data-dir failed to start ("could not create any Unix-domain sockets");
+            # every client here connects over TCP (``dsn``)
             "-k",
-            str(self.pgdata),
+            "",
             "-c",
             "max_connections=200",
         ]
