@@ -8,7 +8,31 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from memstream.infra.journal import Journal
 from memstream.infra.kafka import high_watermarks
+from memstream.schemas.records import NewMessage, ThreadRef
+from memstream.streams.journal_relay import JournalRelay
+
+
+async def append_load(
+    journal: Journal,
+    relay: JournalRelay,
+    threads: Sequence[ThreadRef],
+    stop: asyncio.Event,
+    pause_s: float,
+) -> int:
+    """Append one message per thread per round (``m0``, ``m1``...) and wake the relay,
+    until ``stop``; returns how many were appended."""
+    n = r = 0
+    while not stop.is_set():
+        await asyncio.gather(
+            *(journal.append(ref, [NewMessage(role="user", content=f"m{r}")]) for ref in threads)
+        )
+        n += len(threads)
+        r += 1
+        relay.notify()
+        await asyncio.sleep(pause_s)
+    return n
 
 
 async def produce(bootstrap: str, topic: str, records: Sequence[tuple[str, bytes]]) -> list[int]:

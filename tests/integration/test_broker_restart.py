@@ -21,11 +21,12 @@ from memstream.infra.kafka import Bus, ensure_topics
 from memstream.infra.metrics import make_metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.events import message_of
-from memstream.schemas.records import NewMessage, ThreadRef
+from memstream.schemas.records import ThreadRef
 from memstream.schemas.topics import JOURNAL, Topics
 from memstream.streams.journal_relay import JournalRelay
 from memstream.streams.processor import Processor, Received, RetryPolicy
 from memstream.streams.runner import Runner
+from tests.kafka_helpers import append_load
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -50,18 +51,7 @@ class SeqRecorder(Processor):
 
 
 async def load(journal: Journal, relay: JournalRelay, stop: asyncio.Event) -> int:
-    """Append one message per thread per round until ``stop``; return how many."""
-    n = 0
-    r = 0
-    while not stop.is_set():
-        await asyncio.gather(
-            *(journal.append(ref, [NewMessage(role="user", content=f"m{r}")]) for ref in THREADS)
-        )
-        n += len(THREADS)
-        r += 1
-        relay.notify()
-        await asyncio.sleep(0.005)
-    return n
+    return await append_load(journal, relay, THREADS, stop, pause_s=0.005)
 
 
 async def eventually(check: object, timeout: float) -> bool:

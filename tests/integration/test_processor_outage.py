@@ -31,13 +31,14 @@ from memstream.infra.summary_store import SummaryStore
 from memstream.infra.supervisor import LoopStates
 from memstream.infra.thread_state import ThreadState
 from memstream.schemas.events import Envelope
-from memstream.schemas.records import NewMessage, ThreadRef
+from memstream.schemas.records import ThreadRef
 from memstream.schemas.topics import JOURNAL, Topics
 from memstream.streams.counters import CountersProcessor
 from memstream.streams.dlq import list_dead_letters
 from memstream.streams.journal_relay import JournalRelay
 from memstream.streams.processor import EventMeta, Processor
 from memstream.streams.runner import Runner
+from tests.kafka_helpers import append_load
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.chaos]
 
@@ -62,16 +63,7 @@ class Marker(Processor):
 
 
 async def load(journal: Journal, relay: JournalRelay, stop: asyncio.Event) -> int:
-    n = r = 0
-    while not stop.is_set():
-        await asyncio.gather(
-            *(journal.append(ref, [NewMessage(role="user", content=f"m{r}")]) for ref in THREADS)
-        )
-        n += len(THREADS)
-        r += 1
-        relay.notify()
-        await asyncio.sleep(0.05)
-    return n
+    return await append_load(journal, relay, THREADS, stop, pause_s=0.05)
 
 
 async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
