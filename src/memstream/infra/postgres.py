@@ -16,13 +16,16 @@ from typing import Any
 import asyncpg
 import orjson
 
-from memstream.errors import PermanentInfraError, RetryableInfraError
+from memstream.errors import PermanentInfraError, RetryableInfraError, StoreBusy
 
 log = logging.getLogger(__name__)
 
 _MIGRATION_LOCK = 0x6D656D73  # "mems"
 #: how long a stopping process waits for pool connections still in use
 POOL_CLOSE_GRACE_S = 10.0
+#: how long ``pool.acquire()`` waits for a free connection by default (settings:
+#: ``postgres_acquire_timeout_s``)
+ACQUIRE_TIMEOUT_S = 10.0
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -34,17 +37,78 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """A pool whose connections encode/decode ``jsonb`` as Python objects."""
-    try:
-        pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, init=_init_connection
+class BoundedPool(asyncpg.Pool):  # type: ignore[misc]  # asyncpg ships no types
+    """An asyncpg pool whose ``acquire()`` waits at most ``acquire_timeout_s`` for a free
+    connection unless told otherwise, and then raises :class:`StoreBusy` (a route
+    answers 503 with ``Retry-After``; a processor pauses and retries). asyncpg's own default
+    is to wait for ever: one task holding every connection used to hang every route."""
+
+    acquire_timeout_s: float = ACQUIRE_TIMEOUT_S
+
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        return _BoundedAcquire(
+            super().acquire(timeout=self.acquire_timeout_s if timeout is None else timeout),
+            self.acquire_timeout_s if timeout is None else timeout,
         )
+
+
+class _BoundedAcquire:
+    """``async with pool.acquire()`` (and ``await pool.acquire()``) with the timeout named."""
+
+    def __init__(self, inner: Any, timeout_s: float) -> None:
+        self._inner = inner
+        self._timeout_s = timeout_s
+
+    def _busy(self) -> StoreBusy:
+        return StoreBusy(
+            f"no Postgres connection came free within {self._timeout_s:g} s (the pool is busy)"
+        )
+
+    async def __aenter__(self) -> asyncpg.Connection:
+        try:
+            return await self._inner.__aenter__()
+        except TimeoutError as e:
+            raise self._busy() from e
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._inner.__aexit__(*exc)
+
+    def __await__(self) -> Any:
+        return self._await().__await__()
+
+    async def _await(self) -> asyncpg.Connection:
+        try:
+            return await self._inner
+        except TimeoutError as e:
+            raise self._busy() from e
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    acquire_timeout_s: float = ACQUIRE_TIMEOUT_S,
+) -> asyncpg.Pool:
+    """A :class:`BoundedPool` whose connections encode/decode ``jsonb`` as Python objects."""
+    pool = BoundedPool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        max_queries=50000,
+        max_inactive_connection_lifetime=300.0,
+        init=_init_connection,
+        loop=None,
+        connection_class=asyncpg.Connection,
+        record_class=asyncpg.Record,
+    )
+    pool.acquire_timeout_s = acquire_timeout_s
+    try:
+        await pool
     except (OSError, asyncpg.CannotConnectNowError) as e:
         raise RetryableInfraError(f"cannot connect to Postgres: {e}") from e
     except asyncpg.PostgresError as e:
         raise PermanentInfraError(f"Postgres refused the connection: {e}") from e
-    assert pool is not None
     return pool
 
 

@@ -88,7 +88,9 @@ class Settings(BaseSettings):
     postgres_dsn: SecretStr = Field(default=SecretStr(""), description="empty = embedded")
     redis_url: SecretStr = Field(default=SecretStr(""), description="empty = embedded")
     postgres_acquire_timeout_s: float = Field(
-        default=10.0, gt=0, description="Memory import: longest wait for a pool connection."
+        default=10.0,
+        gt=0,
+        description="Longest wait for a free Postgres connection (every route and loop; then 503).",
     )
     postgres_lock_timeout_s: float = Field(
         default=5.0, gt=0, description="Memory import: longest wait for a row or capacity lock."

@@ -55,7 +55,7 @@ async def bounded_transaction(
         ) from None
     except asyncpg.QueryCanceledError:
         raise StoreBusy(f"{what}: Postgres did not answer within {waits.statement_s:g} s") from None
-    except TimeoutError:
+    except (TimeoutError, StoreBusy):  # a plain pool's timeout, or a BoundedPool's
         raise StoreBusy(
             f"{what}: no Postgres connection free within {waits.acquire_s:g} s"
         ) from None

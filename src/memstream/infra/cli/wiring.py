@@ -122,7 +122,11 @@ class Stack:
         if self.embedded:
             await self._start_embedded(data_dir)
         s = self.settings
-        self.pool = await create_pool(s.postgres_dsn.get_secret_value(), max_size=20)
+        self.pool = await create_pool(
+            s.postgres_dsn.get_secret_value(),
+            max_size=20,
+            acquire_timeout_s=s.postgres_acquire_timeout_s,
+        )
         pool = self.pool
         self._stoppers.append(lambda: close_pool(pool))
         await migrate(self.pool)
