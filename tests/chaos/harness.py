@@ -67,6 +67,13 @@ class Up:
             **os.environ,
             "MEMSTREAM_API_KEYS": f"{ACCOUNT}:{KEY}",
             "MEMSTREAM_SERVER_RESTART_TRIES": "0",
+            # Keyword search only, unless a test turns the dense side on (test_up_kill9):
+            # check_live proves each message is in the ClickHouse projection once by its
+            # unique word, and dense neighbours of a 20-word query crowd the 50 results, so
+            # every word was asked again alone while the embedder took a core of two
+            # (test_chaos went from ~100 s to past its 300 s bound when dense became the
+            # default). The dense side's own rows are checked by test_up_kill9.
+            "MEMSTREAM_TRANSCRIPT_DENSE": "false",
             **(env or {}),
         }
         self.proc: subprocess.Popen[str] | None = None
