@@ -1,170 +1,400 @@
-"""Append over HTTP vs in process, and uvicorn's HTTP parser: h11 vs httptools.
+"""Append over HTTP on ``memstream up``, vs in-process ``Journal.append`` and ``/healthz``.
 
-Run: ``python bench/http_append.py [--appends 1280] [--clients 64] [--rounds 3]``.
+Run: ``python bench/http_append.py [--clients 64] [--per-client 40] [--rounds 4]
+[--procs 1] [--server now=src] [--server main=/work/main/src] [--env K=V ...]``.
 
-One real API (``create_app``) over embedded PostgreSQL 18 and a real SlateDB journal (local
-folder) is served by two uvicorn servers in this process, one per HTTP parser (``h11``, the
-pure-Python default, and ``httptools``). ``--clients`` concurrent httpx clients, each on its
-own thread, send batch-1 appends (``POST .../threads/{tid}/messages``); the same number of
-concurrent in-process ``Journal.append`` calls is the ceiling, and ``GET /healthz`` on each
-server the HTTP floor. Every variant runs in each of ``--rounds`` interleaved rounds so the
-machine's load hits all alike; it prints appends/s, p50/p99 and the ratios (the httpx client
-runs in the same process, so absolute figures understate the server).
+- **The server** is ``memstream up`` itself, a subprocess on a fresh data dir (embedded
+  Postgres, Valkey and a Kafka broker; the journal writer, relays and every processor on its
+  loop, as a user runs it). Each ``--server NAME=SRC`` starts one, with ``SRC`` first on its
+  ``PYTHONPATH`` (so the code before and after a change run side by side, interleaved);
+  ``--env`` passes ``MEMSTREAM_*`` settings to all of them.
+- **The load** comes from ``--procs`` separate processes (this file with ``--load``), each a
+  lean keep-alive HTTP/1.1 client on asyncio streams holding its share of ``--clients``
+  connections: a request is pre-encoded bytes, an answer is read by ``Content-Length``. The
+  client never shares the server's cores' event loop, so the figure is the server's.
+- **The ceiling**: ``--clients`` concurrent ``Journal.append`` calls in this process, on a
+  journal of its own (local folder), batch 1, same number of appends. **The floor**: ``GET
+  /healthz`` of the same server from the same clients.
+
+Every round runs every path (append and healthz on each server, in-process), in an order
+rotating by round, so a busy stretch of the shared machine hits all alike. It prints
+appends/s, p50/p99, the server process's CPU per request, the group-commit batch size the
+server's journal reached (from its ``/metrics``), the ratios (append / in-process, append /
+healthz) and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import socket
+import contextlib
+import json
+import os
+import secrets
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-import uvicorn
-
-from memstream.agents_ctx.http.app import create_app
-from memstream.agents_ctx.services import Services
-from memstream.clock import SystemClock
-from memstream.infra.accounts import Accounts
-from memstream.infra.embedded.postgres import EmbeddedPostgres
-from memstream.infra.journal import Journal, local_store
-from memstream.infra.postgres import create_pool, migrate
-from memstream.infra.settings import Settings
-from memstream.schemas.records import NewMessage, ThreadRef
-
-PARSERS = ("h11", "httptools")
+ACCOUNT = "bench"
 
 
-async def _serve(services: Services, http: str) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        create_app(services),
-        log_level="warning",
-        lifespan="off",
-        access_log=False,
-        http=http,
-        timeout_keep_alive=120,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    return server, task, sock.getsockname()[1]
+# --- the load generator (a separate process) ----------------------------------------------------
+class _Conn:
+    """One keep-alive HTTP/1.1 connection: send pre-encoded requests, read answers."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def call(self, request: bytes) -> int:
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        start = head.lower().find(b"content-length:")
+        if start < 0:
+            raise RuntimeError(f"no content-length in {head!r}")
+        end = head.find(b"\r\n", start)
+        await self.reader.readexactly(int(head[start + 15 : end]))
+        return status
 
 
-async def _concurrent(
-    n: int, clients: int, op: Callable[[int, int], Awaitable[None]]
+def _request(kind: str, key: str, client: int, i: int) -> bytes:
+    if kind == "healthz":
+        return b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"
+    body = json.dumps({"role": "user", "content": f"message {i} from client {client}"}).encode()
+    return (
+        f"POST /v1/agents/a/threads/t{client}/messages HTTP/1.1\r\nHost: bench\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def _client(
+    conn: _Conn,
+    cmd: dict[str, object],
+    c: int,
+    per: int,
+    want: int,
+    lat: list[float],
+    bad: list[int],
+) -> None:
+    for i in range(per):
+        req = _request(str(cmd["kind"]), str(cmd["key"]), c, int(str(cmd["seq"])) + i)
+        t = time.perf_counter()
+        status = await conn.call(req)
+        lat.append(time.perf_counter() - t)
+        if status != want:
+            bad.append(status)
+
+
+async def _load_main() -> None:
+    """Commands on stdin (one JSON per line), one JSON answer per command on stdout."""
+    conns: dict[tuple[int, int], _Conn] = {}
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        cmd = json.loads(line)
+        port, first, n, per = cmd["port"], cmd["first"], cmd["conns"], cmd["per"]
+        # fresh connections, opened before the clock starts: the server closes keep-alive
+        # connections idle for 5 s (uvicorn's default), as they are between this server's turns
+        for c in range(first, first + n):
+            old = conns.pop((port, c), None)
+            if old is not None:
+                old.writer.close()
+            conns[(port, c)] = _Conn(*await asyncio.open_connection("127.0.0.1", port))
+        lat: list[float] = []
+        bad: list[int] = []
+        want = 201 if cmd["kind"] == "append" else 200
+        cpu, t0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(
+            *(
+                _client(conns[(port, c)], cmd, c, per, want, lat, bad)
+                for c in range(first, first + n)
+            )
+        )
+        t1 = time.perf_counter()
+        out = {"t0": t0, "t1": t1, "lat": lat, "bad": bad[:5], "cpu": time.process_time() - cpu}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+
+
+_PG_XACTS = """
+import asyncio, sys, asyncpg
+async def main():
+    c = await asyncpg.connect(sys.argv[1])
+    print(await c.fetchval(
+        "SELECT sum(xact_commit + xact_rollback) FROM pg_stat_database"))
+    await c.close()
+asyncio.run(main())
+"""
+
+
+# --- the bench (the parent process) -------------------------------------------------------------
+@dataclass
+class Up:
+    """One ``memstream up`` subprocess, its source tree first on PYTHONPATH."""
+
+    name: str
+    src: Path
+    env: dict[str, str]
+    data_dir: Path
+    key: str = field(default_factory=lambda: "bk_" + secrets.token_hex(16))
+    proc: subprocess.Popen[str] | None = None
+    port: int = 0
+
+    def start(self, timeout: float = 240) -> None:
+        env = {
+            **os.environ,
+            **self.env,
+            "PYTHONPATH": str(self.src.resolve()),
+            "MEMSTREAM_API_KEYS": f"{ACCOUNT}:{self.key}",
+        }
+        log = (self.data_dir.parent / f"{self.name}-up.log").open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memstream", "up", "--data-dir", str(self.data_dir)]
+            + ["--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+        )
+        got = threading.Event()
+        url: list[str] = []
+
+        def drain() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                if line.startswith("memstream ready at "):
+                    url.append(line.split(" at ", 1)[1].strip())
+                    got.set()
+            got.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not got.wait(timeout) or not url:
+            self.stop()
+            raise RuntimeError(f"memstream up ({self.name}) never got ready; see {log.name}")
+        self.port = int(url[0].rsplit(":", 1)[1])
+
+    def cpu(self) -> float:
+        """CPU seconds of the ``memstream up`` process (not its servers) so far."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def batches(self) -> tuple[float, float]:
+        """(group commits, messages committed) from the server's /metrics."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        got = {"count": 0.0, "sum": 0.0}
+        for line in text.splitlines():
+            for k in got:
+                if line.startswith(f"memstream_journal_group_commit_batch_size_{k} "):
+                    got[k] = float(line.split()[1])
+        return got["count"], got["sum"]
+
+    def pg_transactions(self) -> int:
+        """Transactions the server's Postgres has run so far (every query is one)."""
+        dsn = json.loads((self.data_dir / "memstream.json").read_text())["postgres_dsn"]
+        out = subprocess.run(
+            [sys.executable, "-c", _PG_XACTS, dsn], capture_output=True, text=True, check=True
+        )
+        return int(out.stdout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class Load:
+    """``procs`` load-generator processes sharing the clients between them."""
+
+    def __init__(self, procs: int, clients: int) -> None:
+        self.clients = clients
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--load"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(procs)
+        ]
+
+    def run(
+        self, port: int, kind: str, key: str, per: int, seq: int
+    ) -> tuple[float, list[float], float]:
+        """(requests/s, latencies, client CPU s) of ``clients`` x ``per`` requests."""
+        share = self.clients // len(self.procs)
+        for i, p in enumerate(self.procs):
+            assert p.stdin is not None
+            cmd = {"port": port, "kind": kind, "key": key, "per": per, "seq": seq}
+            p.stdin.write(json.dumps({**cmd, "first": i * share, "conns": share}) + "\n")
+            p.stdin.flush()
+        outs = []
+        for p in self.procs:
+            assert p.stdout is not None
+            outs.append(json.loads(p.stdout.readline()))
+        bad = [b for o in outs for b in o["bad"]]
+        if bad:
+            raise RuntimeError(f"{kind}: unexpected statuses {bad}")
+        wall = max(o["t1"] for o in outs) - min(o["t0"] for o in outs)
+        lat = [x for o in outs for x in o["lat"]]
+        return len(lat) / wall, lat, sum(o["cpu"] for o in outs)
+
+    def close(self) -> None:
+        for p in self.procs:
+            assert p.stdin is not None
+            p.stdin.close()
+            p.wait(10)
+
+
+async def _in_process(
+    journal: object, clients: int, per: int, seq: int
 ) -> tuple[float, list[float]]:
+    from memstream.infra.journal import Journal
+    from memstream.schemas.records import NewMessage, ThreadRef
+
+    assert isinstance(journal, Journal)
     lat: list[float] = []
-    per = n // clients
 
     async def one(c: int) -> None:
+        ref = ThreadRef(ACCOUNT, "a", f"t{c}")
         for i in range(per):
             t = time.perf_counter()
-            await op(c, i)
+            await journal.append(ref, [NewMessage("user", f"message {seq + i} from client {c}")])
             lat.append(time.perf_counter() - t)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(c) for c in range(clients)))
-    return per * clients / (time.perf_counter() - t0), lat
+    return len(lat) / (time.perf_counter() - t0), lat
 
 
-async def main(appends: int, clients: int, rounds: int) -> None:
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request otherwise
+@dataclass
+class Path_:
+    rates: list[float] = field(default_factory=list)
+    lat: list[float] = field(default_factory=list)
+    server_cpu: float = 0.0
+    client_cpu: float = 0.0
+    n: int = 0
+    xacts: int = 0
+    batches: float = 0.0
+    messages: float = 0.0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1e3
+
+
+async def main(args: argparse.Namespace) -> None:
+    from memstream.clock import SystemClock
+    from memstream.infra.journal import Journal, local_store
+
     work = Path(tempfile.mkdtemp(prefix="httpappend-"))
-    pg = EmbeddedPostgres(work / "pg")
-    await pg.start()
-    pool = await create_pool(pg.dsn, max_size=10)
-    await migrate(pool)
-    journal = await Journal.open(local_store(work / "journal"), "journal", clock=SystemClock())
-    accounts = Accounts(pool)
-    key = await accounts.create_key("bench")
-    services = Services(
-        settings=Settings(data_dir=work),  # type: ignore[arg-type]
-        accounts=accounts,
-        journal=journal,
-    )
-    servers = {p: await _serve(services, p) for p in PARSERS}
-    headers = {"Authorization": f"Bearer {key}"}
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    http = {
-        p: httpx.AsyncClient(base_url=f"http://127.0.0.1:{servers[p][2]}", limits=limits)
-        for p in PARSERS
-    }
-    rates: dict[str, list[float]] = {}
-    lats: dict[str, list[float]] = {}
-
-    def record(name: str, result: tuple[float, list[float]]) -> None:
-        rates.setdefault(name, []).append(result[0])
-        lats.setdefault(name, []).extend(result[1])
-
+    env = dict(kv.split("=", 1) for kv in args.env)
+    servers = [
+        Up(name, Path(src), env, work / name)
+        for name, src in (s.split("=", 1) for s in args.server or ["now=src"])
+    ]
+    journal = await Journal.open(local_store(work / "inproc"), "journal", clock=SystemClock())
+    load = Load(args.procs, args.clients)
+    paths: dict[str, Path_] = {}
     try:
-        for r in range(rounds + 1):  # round 0 warms up (threads created, caches filled)
-            for p in PARSERS:
-                c = http[p]
-
-                async def append(k: int, i: int, c: httpx.AsyncClient = c) -> None:
-                    resp = await c.post(
-                        f"/v1/agents/a/threads/t{k}/messages",
-                        json={"role": "user", "content": f"message {i} from client {k}"},
-                        headers=headers,
+        for s in servers:  # one at a time: two brokers starting at once on 2 cores time out
+            s.start()
+        seq = 0
+        for r in range(args.rounds + 1):  # round 0 warms up (connections, caches, threads)
+            steps: list[tuple[str, Up | None, str]] = [("in-process", None, "append")]
+            for s in servers:
+                steps += [(f"append {s.name}", s, "append"), (f"healthz {s.name}", s, "healthz")]
+            steps = steps[r % len(steps) :] + steps[: r % len(steps)]
+            for name, s, kind in steps:
+                p = paths.setdefault(name, Path_())
+                if s is None:
+                    b0 = (journal.stats.batches, journal.stats.messages)
+                    rate, lat = await _in_process(journal, args.clients, args.per_client, seq)
+                    cpu_s = client_s = 0.0
+                    xacts = 0
+                    b1 = (journal.stats.batches, journal.stats.messages)
+                else:
+                    b0, x0 = s.batches(), s.pg_transactions()
+                    c0 = s.cpu()
+                    rate, lat, client_s = await asyncio.to_thread(
+                        load.run, s.port, kind, s.key, args.per_client, seq
                     )
-                    assert resp.status_code == 201, resp.text
-
-                async def healthz(k: int, i: int, c: httpx.AsyncClient = c) -> None:
-                    assert (await c.get("/healthz")).status_code == 200
-
-                a, h = (
-                    await _concurrent(appends, clients, append),
-                    await _concurrent(appends, clients, healthz),
-                )
-                if r:
-                    record(f"append {p}", a)
-                    record(f"healthz {p}", h)
-
-            async def direct(k: int, i: int) -> None:
-                await journal.append(
-                    ThreadRef("bench", "a", f"t{k}"), [NewMessage("user", f"m {i} from {k}")]
-                )
-
-            d = await _concurrent(appends, clients, direct)
-            if r:
-                record("in-process", d)
+                    cpu_s = s.cpu() - c0
+                    b1, xacts = s.batches(), s.pg_transactions() - x0
+                seq += args.per_client
+                if r == 0:
+                    continue
+                p.rates.append(rate)
+                p.lat += lat
+                p.server_cpu += cpu_s
+                p.client_cpu += client_s
+                p.n += len(lat)
+                p.xacts += xacts
+                p.batches += b1[0] - b0[0]
+                p.messages += b1[1] - b0[1]
     finally:
-        for c in http.values():
-            await c.aclose()
-        for server, task, _ in servers.values():
-            server.should_exit = True
-            await task
+        load.close()
+        for s in servers:
+            s.stop()
         await journal.close()
-        await pool.close()
-        await pg.stop()
-    ceiling = statistics.median(rates["in-process"])
-    print(f"{clients} clients, {appends} batch-1 appends x {rounds} rounds (interleaved)")
-    print(f"{'path':<18} {'ops/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'/in-process':>12}")
-    for name, name_rates in rates.items():
-        rate = statistics.median(name_rates)
-        q = statistics.quantiles(lats[name], n=100)
+    load1, load5, _ = os.getloadavg()
+    n = args.clients * args.per_client
+    print(
+        f"{args.clients} clients ({args.procs} load process(es)), {n} batch-1 requests per path "
+        f"x {args.rounds} rounds (interleaved); load average {load1:.1f} / {load5:.1f} (1/5 min)"
+    )
+    print(
+        f"{'path':<16} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'srv CPU ms':>10} "
+        f"{'cli CPU ms':>10} {'msgs/commit':>11} {'pg xact/req':>11}"
+    )
+    for name, p in paths.items():
+        per_commit = f"{p.messages / p.batches:11.1f}" if p.batches else f"{'':>11}"
         print(
-            f"{name:<18} {rate:8.0f} {q[49] * 1e3:8.1f} {q[98] * 1e3:8.1f} {rate / ceiling:12.3f}"
+            f"{name:<16} {statistics.median(p.rates):7.0f} {_pct(p.lat, 0.5):7.1f} "
+            f"{_pct(p.lat, 0.99):7.1f} {p.server_cpu / p.n * 1e3:10.3f} "
+            f"{p.client_cpu / p.n * 1e3:10.3f} {per_commit} {p.xacts / p.n:11.3f}"
         )
-    for p in PARSERS:
-        ratio = statistics.median(rates[f"append {p}"]) / statistics.median(rates[f"healthz {p}"])
-        print(f"append / healthz ({p}): {ratio:.2f}")
-    speed = statistics.median(rates["append httptools"]) / statistics.median(rates["append h11"])
-    print(f"append httptools / h11: {speed:.2f}x")
+    ceiling = statistics.median(paths["in-process"].rates)
+    for s in servers:
+        a = statistics.median(paths[f"append {s.name}"].rates)
+        h = statistics.median(paths[f"healthz {s.name}"].rates)
+        print(
+            f"{s.name}: append / in-process {a / ceiling:.3f} (target >= 0.3), "
+            f"append / healthz {a / h:.2f} (target >= 0.8)"
+        )
+    if len(servers) > 1:
+        base = statistics.median(paths[f"append {servers[0].name}"].rates)
+        for s in servers[1:]:
+            other = statistics.median(paths[f"append {s.name}"].rates)
+            print(f"append {servers[0].name} / {s.name}: {base / other:.2f}x")
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--appends", type=int, default=1280)
+    if sys.argv[1:] == ["--load"]:
+        asyncio.run(_load_main())
+        sys.exit(0)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    a = ap.parse_args()
-    asyncio.run(main(a.appends, a.clients, a.rounds))
+    ap.add_argument("--per-client", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--procs", type=int, default=1)
+    ap.add_argument("--server", action="append", help="NAME=SRC (repeatable); default now=src")
+    ap.add_argument("--env", action="append", default=[], help="K=V for every server")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main(ap.parse_args()))

@@ -5,6 +5,8 @@ Routers are included here, one per area. ``/livez`` is liveness (the process ans
 usable now, else 503 naming the failing parts (``services.readiness``, see
 ``infra/readiness.py``); ``/metrics`` serves the one Prometheus registry.
 Bodies over ``MAX_REQUEST_BYTES`` are refused with 413, chunked or not (``BodyLimit``).
+The append and context routes are served by ``HotRoutes`` (pure ASGI, the same handlers)
+without FastAPI's routing and dependency solving; FastAPI still documents them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from memstream.agents_ctx.http import (
     threads_routes,
 )
 from memstream.agents_ctx.http.body_limit import BodyLimit
+from memstream.agents_ctx.http.hot_routes import HotRoutes
 from memstream.agents_ctx.http.observe import Observe
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.mcp_http import McpEndpoint
@@ -37,7 +40,9 @@ from memstream.schemas import wire
 from memstream.schemas.limits import MAX_REQUEST_BYTES
 
 
-def create_app(services: Services) -> FastAPI:
+def create_app(services: Services, *, hot_routes: bool = True) -> FastAPI:
+    """The API over ``services``. ``hot_routes=False`` serves every route through FastAPI
+    alone (the tests compare both ways; the answers must not differ)."""
     app = FastAPI(
         title="memstream",
         version=__version__,
@@ -48,6 +53,8 @@ def create_app(services: Services) -> FastAPI:
     errors.install(app)
     contract.install(app)
 
+    if hot_routes:  # innermost: the per-turn routes without FastAPI's routing (hot_routes.py)
+        app.add_middleware(HotRoutes, services=services, exception_handlers=app.exception_handlers)
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BYTES)
     app.add_middleware(Observe, services=services)  # outermost: sees every answer
 
@@ -77,9 +84,7 @@ def create_app(services: Services) -> FastAPI:
     async def livez() -> JSONResponse:
         return JSONResponse({"ok": True, "status": "live"})
 
-    @app.get(
-        "/metrics", **contract.contract(errors=(), media_type="text/plain; version=1.0.0")
-    )
+    @app.get("/metrics", **contract.contract(errors=(), media_type="text/plain; version=1.0.0"))
     async def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

@@ -23,7 +23,9 @@ from memstream.agents_ctx.http.contract import Query, contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.message_shapes import FORMATS, check_format
+from memstream.agents_ctx.services import Services
 from memstream.schemas import wire
+from memstream.schemas.records import Caller
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
 
@@ -43,6 +45,13 @@ router = APIRouter(prefix="/v1/agents/{agent_id}")
 async def get_context(
     thread_id: str, request: Request, caller: CallerDep, svc: ServicesDep
 ) -> JSONResponse:
+    return await answer_from_request(svc, caller, thread_id, request)
+
+
+async def answer_from_request(
+    svc: Services, caller: Caller, thread_id: str, request: Request
+) -> JSONResponse:
+    """The context answer, shared by the FastAPI route and ``hot_routes.HotRoutes``."""
     q = request.query_params
     fmt = check_format(q.get("format"))
     parent = parse_parent(q.get("parent_thread_id"), q.get("parent_agent_id"), caller.agent_id)

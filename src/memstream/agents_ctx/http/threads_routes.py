@@ -25,7 +25,7 @@ from memstream.errors import InvalidRequest
 from memstream.infra.accounts import Thread
 from memstream.schemas import wire
 from memstream.schemas.events import thread_event
-from memstream.schemas.records import ThreadRef
+from memstream.schemas.records import Caller, ThreadRef
 
 router = APIRouter(prefix="/v1/agents/{agent_id}")
 
@@ -80,6 +80,13 @@ async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -
 async def append_messages(
     request: Request, thread_id: str, caller: CallerDep, svc: ServicesDep
 ) -> JSONResponse:
+    return await append_from_request(svc, caller, thread_id, request)
+
+
+async def append_from_request(
+    svc: Services, caller: Caller, thread_id: str, request: Request
+) -> JSONResponse:
+    """The append itself, shared by the FastAPI route and ``hot_routes.HotRoutes``."""
     ref = svc.threads.ref(caller, thread_id)
     messages = parse_append_body(await read_json(request), caller.user_id)
     journal = svc.need_journal()
