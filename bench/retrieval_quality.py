@@ -241,6 +241,19 @@ def collapsed(order: list[int], texts: list[str], k: int = 10) -> list[int]:
     return out
 
 
+async def search_offsets(store: MessageStore, q: Question) -> list[int]:
+    """``journal_message_search`` for one question, as ranked offsets (10 at most)."""
+    res = await journal_message_search(
+        Caller("acc", f"conv{q.conv}", None),
+        q.text,
+        limit=10,
+        summarize=False,
+        store=store,
+        summarizer=ExtractiveSummaryModel(),
+    )
+    return [h.offset for h in res.results]
+
+
 async def journal_hybrid(
     engine: ChdbEngine, embedder: CachingEmbedder, qs: list[Question]
 ) -> list[list[int]]:
@@ -254,16 +267,8 @@ async def journal_hybrid(
     out, lat = [], []
     for q in qs:
         t = time.perf_counter()
-        res = await journal_message_search(
-            Caller("acc", f"conv{q.conv}", None),
-            q.text,
-            limit=10,
-            summarize=False,
-            store=store,
-            summarizer=ExtractiveSummaryModel(),
-        )
+        out.append(await search_offsets(store, q))
         lat.append(time.perf_counter() - t)
-        out.append([h.offset for h in res.results])
     lat.sort()
     print(
         f"journal search with dense side: p50 {lat[len(lat) // 2] * 1000:.1f} ms, "
@@ -464,15 +469,7 @@ async def main(
     layouts = await memory_layouts(convs, qs, embedder)
     many, many_qs = await memory_many_facts_ranked(many_targets, many_distractors)
     for q in qs:
-        res = await journal_message_search(
-            Caller("acc", f"conv{q.conv}", None),
-            q.text,
-            limit=10,
-            summarize=False,
-            store=store,
-            summarizer=ExtractiveSummaryModel(),
-        )
-        ranked["journal, BM25 only"].append([h.offset for h in res.results])
+        ranked["journal, BM25 only"].append(await search_offsets(store, q))
         ranked["BM25 alone"].append(bm25[q.conv].top(q.text, 10))
         (qv,) = await embedder.embed_query([q.text])
         sims = vecs[q.conv] @ np.array(qv)
