@@ -5,11 +5,13 @@ Run: ``python bench/transcript_search.py [--messages 1000000] [--threads 10000]
 
 1. **Projector rows/s vs raw insert.** ``--projector-messages`` encoded ``message.appended``
    events (a third of them system/tool messages, which the projector drops) go through the
-   processor runtime's :class:`Dispatcher` as raw records (the projector is ``raw``: ClickHouse
-   parses each batch, ``MessageStore.write_journal_batch``) in the projector's batch size,
-   with Kafka left out so the figure is the projector's. The reference is the raw chdb rate: the same searchable rows, already
-   as Arrow IPC bytes, inserted with ``send_insert(..., "ArrowStream")`` in the same batch
-   size into an identical table. Target: ratio >= 0.5.
+   processor runtime's :class:`Dispatcher` as raw records in the projector's batch size, with
+   Kafka left out so the figure is the projector's. Interleaved batch by batch (order
+   rotating): *after*, the Arrow bulk parse (``MessageStore(bulk_parse="arrow")``, the
+   default); *before*, ClickHouse's parse (``bulk_parse="engine"``); the Python path
+   (runtime decode); and the raw chdb rate: the same searchable rows, already as Arrow IPC
+   bytes, inserted with ``send_insert(..., "ArrowStream")`` in the same batch size into an
+   identical table. Then the median cost of each step of the Arrow path. Target: ratio >= 0.5.
 2. **Search latency.** ``--messages`` user/assistant messages in ``--threads`` threads (a
    Zipf vocabulary of 20k words, ~14 words per message, 10% of threads private) bulk-loaded
    as Arrow, then ``journal_message_search(summarize=False)`` for a mix of one-, two- and
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -33,10 +37,15 @@ from memstream.agents_ctx.journal_tools import journal_message_search
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.infra.metrics import make_metrics
 from memstream.projections.messages import ChdbEngine, MessageStore
-from memstream.projections.messages.rows import MESSAGES_SCHEMA, arrow_ipc
-from memstream.schemas.events import encode, message_appended
+from memstream.projections.messages.rows import (
+    MESSAGES_SCHEMA,
+    arrow_ipc,
+    messages_table,
+    split_journal_batch,
+)
+from memstream.schemas.events import decode, encode, message_appended
 from memstream.schemas.records import Caller, Message
-from memstream.streams.message_projector import MessageProjector
+from memstream.streams.message_projector import MessageProjector, rows_of_batch
 from memstream.streams.processor import Dispatcher, EventMeta, RawRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -121,84 +130,135 @@ def pct(values: list[float], p: float) -> float:
 async def bench_projector(
     engine: ChdbEngine, n: int, vocab: np.ndarray, rng: np.random.Generator
 ) -> None:
+    """Interleaved, batch by batch, in one process on one chdb engine: the projector with
+    the Arrow bulk parse (after), with ClickHouse's parse (before: main's bulk path until
+    issue 15's last round), the Python path (runtime decode), and the raw Arrow insert of
+    the same searchable rows (prepared ahead, untimed). Each round runs every path once on
+    the same batch, the order rotating by round."""
     records = event_bytes(n, vocab, rng)
-    store = MessageStore(engine, "bench_projector")
-    await engine.command("DROP DATABASE IF EXISTS bench_projector")
-    await store.ensure_schema()
-    projector = MessageProjector(store)
-    batch = projector.batch_max
+    batch = 5_000  # MessageProjector.batch_max
+    batches = [records[i : i + batch] for i in range(0, n, batch)]
 
     async def nowhere(topic: str, key: bytes | None, value: bytes) -> None:
         raise AssertionError("nothing should be dead-lettered")
 
-    dispatcher = Dispatcher(projector, dlq_topic="dlq", publish=nowhere, metrics=make_metrics())
-    # warm-up (first Arrow conversions, first inserts), then start from an empty table
-    await dispatcher.dispatch(records[:batch])
-    await engine.command("TRUNCATE TABLE bench_projector.messages")
-    projector.rows_written = projector.bulk_batches = projector.python_batches = 0
-    started = time.perf_counter()
-    for i in range(0, n, batch):
-        await dispatcher.dispatch(records[i : i + batch])
-    proj_s = time.perf_counter() - started
-    rows = projector.rows_written
-
-    # raw: the same searchable rows as ready Arrow IPC, same batch size, identical table
-    raw_store = MessageStore(engine, "bench_raw")
-    await engine.command("DROP DATABASE IF EXISTS bench_raw")
-    await raw_store.ensure_schema()
-    table = await engine.rows("SELECT count() FROM bench_projector.messages", {})
-    assert int(str(table[0][0])) == rows
-    src = engine._connection().query(  # noqa: SLF001 - the bench reads the rows back as Arrow
-        "SELECT * FROM bench_projector.messages ORDER BY seq", "Arrowtable"
-    )
-    src = src.cast(MESSAGES_SCHEMA)
-    payloads = [arrow_ipc(src.slice(i, batch)) for i in range(0, src.num_rows, batch)]
-    conn = engine._connection()  # noqa: SLF001
-
-    def raw_insert() -> None:
-        for p in payloads:
-            with conn.send_insert("INSERT INTO bench_raw.messages", "ArrowStream") as ins:
-                ins.append(p)
-                ins.finish()
-
-    started = time.perf_counter()
-    await asyncio.get_running_loop().run_in_executor(engine._pool, raw_insert)  # noqa: SLF001
-    raw_s = time.perf_counter() - started
-
-    # the Python path (what the projector falls back to, and what it did before the bulk
-    # path): the runtime decodes each envelope, rows_of_batch maps them, Arrow, insert
     class PythonPath(MessageProjector):
         raw = False
 
-    python_dispatcher = Dispatcher(
-        PythonPath(store), dlq_topic="dlq", publish=nowhere, metrics=make_metrics()
-    )
-    await engine.command("TRUNCATE TABLE bench_projector.messages")
-    started = time.perf_counter()
-    for i in range(0, n, batch):
-        await python_dispatcher.dispatch(records[i : i + batch])
-    step_s = time.perf_counter() - started
-    step_rows = rows
+    projectors: dict[str, MessageProjector] = {}
+    for label, parse in (("after", "arrow"), ("before", "engine"), ("python", "arrow")):
+        db = f"bench_projector_{label}"
+        await engine.command(f"DROP DATABASE IF EXISTS {db}")
+        store = MessageStore(engine, db, bulk_parse=parse)  # type: ignore[arg-type]
+        await store.ensure_schema()
+        projectors[label] = (PythonPath if label == "python" else MessageProjector)(store)
+    dispatchers = {
+        label: Dispatcher(p, dlq_topic="dlq", publish=nowhere, metrics=make_metrics())
+        for label, p in projectors.items()
+    }
+    # raw: the searchable rows of each batch as ready Arrow IPC, into an identical table
+    await engine.command("DROP DATABASE IF EXISTS bench_raw")
+    await MessageStore(engine, "bench_raw").ensure_schema()
+    payloads = [
+        arrow_ipc(messages_table(rows_of_batch([decode(r.value) for r in b]))) for b in batches
+    ]
+    conn = engine._connection()  # noqa: SLF001 - the bench times the engine's own insert
+    loop = asyncio.get_running_loop()
 
-    proj_rate, raw_rate = rows / proj_s, rows / raw_s
+    async def raw_insert(payload: bytes) -> None:
+        def go() -> None:
+            with conn.send_insert("INSERT INTO bench_raw.messages", "ArrowStream") as ins:
+                ins.append(payload)
+                ins.finish()
+
+        await loop.run_in_executor(engine._pool, go)  # noqa: SLF001
+
+    # warm-up (first Arrow conversions, first inserts), then start from empty tables
+    for d in dispatchers.values():
+        await d.dispatch(batches[0])
+    await raw_insert(payloads[0])
+    for p in projectors.values():
+        await engine.command(f"TRUNCATE TABLE {p.store.database}.messages")
+        p.rows_written = p.bulk_batches = p.python_batches = 0
+    await engine.command("TRUNCATE TABLE bench_raw.messages")
+
+    labels = ["after", "before", "python", "raw"]
+    spent = dict.fromkeys(labels, 0.0)
+    load = [os.getloadavg()[0]]
+    for i, b in enumerate(batches):
+        for label in labels[i % 4 :] + labels[: i % 4]:
+            t = time.perf_counter()
+            if label == "raw":
+                await raw_insert(payloads[i])
+            else:
+                await dispatchers[label].dispatch(b)
+            spent[label] += time.perf_counter() - t
+        if i % 10 == 9:
+            load.append(os.getloadavg()[0])
+    rows = projectors["after"].rows_written
+    assert all(p.rows_written == rows for p in projectors.values())
+    for label in ("after", "before"):
+        got = await engine.rows(f"SELECT count() FROM bench_projector_{label}.messages", {})
+        assert int(str(got[0][0])) == rows
+    raw_rate = rows / spent["raw"]
     print(
-        f"projector: {n} events -> {rows} rows in {proj_s:.2f} s = {proj_rate:,.0f} rows/s "
-        f"({n / proj_s:,.0f} events/s), batch {batch}"
+        f"projector, {n} events -> {rows} rows in batches of {batch}, interleaved; "
+        f"load average {min(load):.1f}-{max(load):.1f}"
     )
+    names = {
+        "after": "after: Arrow bulk parse (pyarrow JSON reader + compute) -> inserts",
+        "before": "before: ClickHouse bulk parse (JSONEachRow SQL) -> inserts",
+        "python": "Python path: runtime decode -> rows_of_batch -> Arrow -> inserts",
+        "raw": "raw chdb Arrow insert of the same rows",
+    }
+    for label in labels:
+        rate = rows / spent[label]
+        extra = ""
+        if label in projectors:
+            p = projectors[label]
+            extra = f"  ({n / spent[label]:,.0f} events/s; bulk {p.bulk_batches}, Python {p.python_batches})"
+        print(f"  {names[label]:70} {rate:9,.0f} rows/s  ratio {rate / raw_rate:.2f}{extra}")
     print(
-        f"raw chdb Arrow insert: {rows} rows in {raw_s:.2f} s = {raw_rate:,.0f} rows/s, batch {batch}"
+        f"after / before = {spent['before'] / spent['after']:.2f}x; "
+        f"target: ratio >= 0.5 of raw ({'met' if rows / spent['after'] / raw_rate >= 0.5 else 'NOT met'})"
     )
-    print(
-        f"ratio projector/raw = {proj_rate / raw_rate:.2f} (target >= 0.5); "
-        f"bulk batches {projector.bulk_batches}, Python batches {projector.python_batches}"
-    )
-    print(
-        f"Python path (runtime decode -> rows_of_batch -> Arrow -> insert): "
-        f"{step_rows / step_s:,.0f} rows/s, "
-        f"ratio {step_rows / step_s / raw_rate:.2f}"
-    )
-    await engine.command("DROP DATABASE bench_projector")
+    await profile_steps(projectors["after"].store, batches[:20], payloads[:20], raw_insert)
+    for p in projectors.values():
+        await engine.command(f"DROP DATABASE {p.store.database}")
     await engine.command("DROP DATABASE bench_raw")
+
+
+async def profile_steps(
+    store: MessageStore,
+    batches: list[list[RawRecord]],
+    payloads: list[bytes],
+    raw_insert: Callable[[bytes], Awaitable[None]],
+) -> None:
+    """Median cost per batch of each step of the Arrow bulk path, and of the raw insert."""
+    steps: dict[str, list[float]] = {
+        k: [] for k in ("parse+classify", "split", "thread_users", "messages", "raw")
+    }
+    for b, payload in zip(batches, payloads, strict=True):
+        values = [r.value for r in b]
+        t = time.perf_counter()
+        parsed = await store.parse_journal_batch(values)
+        t1 = time.perf_counter()
+        assert parsed is not None
+        split = split_journal_batch(parsed)
+        t2 = time.perf_counter()
+        await store.engine.insert_arrow(store.database, "thread_users", split.owners)
+        t3 = time.perf_counter()
+        await store.engine.insert_arrow(store.database, "messages", split.messages)
+        t4 = time.perf_counter()
+        await raw_insert(payload)
+        t5 = time.perf_counter()
+        for k, v in zip(steps, (t1 - t, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+            steps[k].append(v * 1000)
+    print(
+        f"  per batch of {len(batches[0])} (median of {len(batches)}, load "
+        f"{os.getloadavg()[0]:.1f}): "
+        + ", ".join(f"{k} {statistics.median(v):.1f} ms" for k, v in steps.items())
+    )
 
 
 async def bench_search(

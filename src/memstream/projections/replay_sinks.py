@@ -63,8 +63,8 @@ class MessagesSink:
 
     name = "messages"
     preferred_batch: Final = 10_000
-    """Records per replay batch: each ClickHouse statement has a fixed cost (~9 ms for the
-    bulk parse on chdb), so larger batches are cheaper per record (docs/operations.md)."""
+    """Records per replay batch: each ClickHouse insert has a fixed cost (~8 ms on chdb), so
+    larger batches are cheaper per record (docs/operations.md)."""
 
     def __init__(self, live: MessageStore, base_database: str) -> None:
         self.live = live
@@ -78,7 +78,10 @@ class MessagesSink:
 
     def store(self, generation: int) -> MessageStore:
         return MessageStore(
-            self.live.engine, database_of(self.base, generation), erased=self.live.erased
+            self.live.engine,
+            database_of(self.base, generation),
+            erased=self.live.erased,
+            bulk_parse=self.live.bulk_parse,
         )
 
     async def prepare(self, generation: int, *, fresh: bool) -> None:
@@ -107,9 +110,10 @@ class MessagesSink:
     async def apply_values(
         self, generation: int, values: Sequence[bytes], seen: set[str]
     ) -> tuple[int, int] | None:
-        """The live projector's bulk path (ClickHouse parses the records, the same rules as
-        :func:`row_of_envelope`), plus the replay's dedupe on event id; None when the bulk
-        parse cannot vouch for the batch (the replay decodes it in Python instead)."""
+        """The live projector's bulk path (:meth:`MessageStore.parse_journal_batch`: pyarrow
+        parses the records, the same rules as :func:`row_of_envelope`), plus the replay's
+        dedupe on event id; None when the bulk parse cannot vouch for the batch (the replay
+        decodes it in Python instead)."""
         target = self.store(generation)
         parsed = await target.parse_journal_batch(values, event_id=True)
         if parsed is None:

@@ -1,9 +1,11 @@
 """The message projector: ``journal`` -> ClickHouse ``messages`` (transcript search).
 
-A ``raw`` processor: the runtime hands it undecoded records, and ClickHouse parses each
-large batch (``bulk_min`` records or more) in bulk (:meth:`MessageStore.write_journal_batch`),
-which removes the Python decode and row mapping that dominated a backlog's cost; a small
-batch is decoded in Python, which is cheaper than one more ClickHouse statement. When the bulk path cannot vouch for a batch (a record
+A ``raw`` processor: the runtime hands it undecoded records, and each large batch
+(``bulk_min`` records or more) is parsed in bulk by pyarrow's C++ JSON reader and mapped with
+Arrow compute kernels (:meth:`MessageStore.write_journal_batch`,
+:mod:`memstream.projections.messages.arrow_batch`), which removes the Python decode and row
+mapping that dominated a backlog's cost; a small batch is decoded in Python. When the bulk
+path cannot vouch for a batch (a record
 that does not parse strictly or is not in canonical form), the batch is decoded in Python
 and mapped with the pure :func:`rows_of_batch`, the rules the bulk SQL mirrors; a bad record
 then fails the batch and the runtime isolates it (one record at a time, Python path).
@@ -38,11 +40,10 @@ from memstream.streams.processor import Processor, ProcessorContext, RawRecord, 
 
 NAME: Final = "message-projector"
 BULK_MIN_RECORDS: Final = 1_000
-"""Batches smaller than this take the Python path: the bulk parse is one more ClickHouse
-statement with a fixed cost (~9 ms on chdb, query analysis), so below about a thousand
-records decoding in Python is cheaper (docs/transcript-search.md). A backlog comes in full
-batches of ``batch_max`` and goes in bulk; a caught-up projector's small batches do not pay
-for it."""
+"""Batches smaller than this take the Python path. Chosen when the bulk parse was one more
+ClickHouse statement with a fixed cost (~9 ms on chdb, query analysis): below about a
+thousand records decoding in Python was cheaper (docs/transcript-search.md). A backlog comes
+in full batches of ``batch_max`` and goes in bulk."""
 BATCH_WITHIN_S: Final = 0.1
 """How long a batch that is not full waits for more records: the largest part of append ->
 searchable when the projector is caught up (bench/append_searchable.py)."""

@@ -89,8 +89,8 @@ def row_of_envelope(env: Envelope) -> MessageRow | None:
         return None
     d = env.data
     role = d.get("role")
-    if role not in SEARCHABLE_ROLES:
-        if role not in ROLES:
+    if not isinstance(role, str) or role not in SEARCHABLE_ROLES:
+        if role not in ROLES:  # a tuple: an unhashable role (a list) compares, not raises
             raise _bad(f"role must be one of {', '.join(ROLES)}", "role")
         return None
     for name, expected in (
@@ -260,8 +260,8 @@ def split_journal_batch(parsed: pa.Table) -> ParsedBatch:
             .group_by(list(_KEY_COLUMNS), use_threads=False)
             .aggregate([("__i", "min")])
         )
-        if firsts.num_rows < rows.num_rows:
-            rows = rows.take(pc.sort_indices(firsts.column("__i_min")))
+        if firsts.num_rows < rows.num_rows:  # the first row of each key, in batch order
+            rows = rows.take(firsts.column("__i_min").combine_chunks().sort())
     messages = rows.cast(MESSAGES_SCHEMA)
     with_user = messages.filter(pc.not_equal(messages.column("user_id"), ""))
     owners = (

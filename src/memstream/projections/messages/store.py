@@ -8,9 +8,11 @@ Guarantees:
 - Writing the same rows twice (a replay, a redelivery) leaves search results unchanged: the
   search query returns one row per (thread, offset) and the tables collapse duplicates on
   merge.
-- :meth:`MessageStore.write_journal_batch` projects raw journal records with ClickHouse's
-  own JSON parser and the same rules and order of writes as :meth:`write`; it writes nothing
-  and returns None when it cannot vouch for every record (the caller then decodes in Python).
+- :meth:`MessageStore.write_journal_batch` projects raw journal records in bulk (pyarrow's
+  C++ JSON reader and compute kernels, :mod:`~memstream.projections.messages.arrow_batch`;
+  or ClickHouse's own parser with ``bulk_parse="engine"``), with the same rules and order of
+  writes as :meth:`write`; it writes nothing and returns None when it cannot vouch for every
+  record (the caller then decodes in Python).
 - :meth:`MessageStore.search` returns only the caller's account and agent, only threads the
   caller may see (see :func:`~memstream.projections.messages.sql.search_sql`), at most
   ``spec.limit`` hits ranked by relevance then recency. With an ``embedder`` (the dense
@@ -27,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,6 +37,7 @@ import pyarrow.compute as pc
 from memstream.errors import PermanentInfraError, RetryableInfraError
 from memstream.infra.embeddings import Embedder
 from memstream.projections.erased import ErasedThreads
+from memstream.projections.messages.arrow_batch import parse_journal_values
 from memstream.projections.messages.engine import ClickHouseEngine
 from memstream.projections.messages.fusion import bm25 as bm25_of
 from memstream.projections.messages.fusion import coverage, fuse, query_weight
@@ -73,6 +76,10 @@ log = logging.getLogger(__name__)
 STATS_TTL_S: Final = 30.0
 """How long an agent's BM25 collection statistics are reused."""
 STATS_CACHE_SIZE: Final = 10_000
+BulkParse = Literal["arrow", "engine"]
+"""Who parses a raw batch in :meth:`MessageStore.parse_journal_batch`: pyarrow in this
+process (the default: about half the cost, docs/transcript-search.md) or the ClickHouse
+engine (``journal_batch_sql``, the previous path, kept for comparison)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +106,11 @@ class MessageStore:
         database: str = DEFAULT_DATABASE,
         erased: ErasedThreads | None = None,
         embedder: Embedder | None = None,
+        *,
+        bulk_parse: BulkParse = "arrow",
     ) -> None:
         self.engine = engine
+        self.bulk_parse: BulkParse = bulk_parse
         # the dense side: query vectors at search time (vectors.MessageVectors writes them)
         self.embedder = embedder
         self.database = check_database(database)
@@ -112,9 +122,7 @@ class MessageStore:
         """Create the database and tables if missing (idempotent)."""
         for stmt in ddl(self.database):
             await self.engine.command(stmt)
-        rows = await self.engine.rows(
-            has_terms_sql(self.database), {"database": self.database}
-        )
+        rows = await self.engine.rows(has_terms_sql(self.database), {"database": self.database})
         if not rows or int(str(rows[0][0])) == 0:
             log.warning("messages table predates ranked search: adding its terms column")
             for stmt in upgrade_ddl(self.database):
@@ -136,8 +144,8 @@ class MessageStore:
     async def write_journal_batch(self, values: Sequence[bytes]) -> ParsedBatch | None:
         """Project raw journal records (JSON envelopes) in bulk; durable on return.
 
-        ClickHouse parses the batch (:func:`~.sql.journal_batch_sql`), Arrow carries the rows
-        back, and :meth:`write`'s two inserts follow (``thread_users`` first). Returns what
+        The batch is parsed in bulk (:meth:`parse_journal_batch`), and :meth:`write`'s two
+        inserts follow (``thread_users`` first). Returns what
         was written, or None -- having written nothing -- when the batch does not parse
         strictly, when any record is not in the canonical form the SQL checks, or when the
         records do not map one to one onto parsed rows: the caller then takes the Python
@@ -154,14 +162,25 @@ class MessageStore:
     async def parse_journal_batch(
         self, values: Sequence[bytes], *, event_id: bool = False
     ) -> pa.Table | None:
-        """The result of :func:`~.sql.journal_batch_sql` for ``values`` (records of erased
+        """The rows of :func:`~.sql.journal_batch_sql` for ``values`` (records of erased
         threads dropped first; ``event_id``: with the envelopes' ids as a last column), or
         None when the bulk path cannot vouch for every record (see
-        :meth:`write_journal_batch`). Writes nothing."""
+        :meth:`write_journal_batch`). Parsed by pyarrow
+        (:func:`~.arrow_batch.parse_journal_values`, same rules) unless ``bulk_parse`` is
+        ``"engine"``. Writes nothing."""
         await self.erased.refresh()
         values = self.erased.keep_values(values)
         if not values or not all(v[:1] == b"{" and v[-1:] == b"}" for v in values):
             return None
+        if self.bulk_parse == "arrow":  # C++ that releases the GIL: off the event loop
+            parsed = await asyncio.to_thread(parse_journal_values, values, event_id=event_id)
+        else:
+            parsed = await self._parse_in_engine(values, event_id=event_id)
+        if parsed is None or pc.any(pc.equal(parsed.column("kind"), KIND_PYTHON)).as_py():
+            return None
+        return parsed
+
+    async def _parse_in_engine(self, values: Sequence[bytes], *, event_id: bool) -> pa.Table | None:
         try:
             parsed = await self.engine.query_input_arrow(
                 lambda source: journal_batch_sql(source, event_id=event_id),
@@ -174,12 +193,7 @@ class MessageStore:
             # bulk SQL at all, which would make every batch take the slow path: say so.
             log.info("bulk journal parse failed, batch goes to the Python path: %s", e)
             return None
-        if (
-            parsed.num_rows != len(values)
-            or pc.any(pc.equal(parsed.column("kind"), KIND_PYTHON)).as_py()
-        ):
-            return None
-        return parsed
+        return parsed if parsed.num_rows == len(values) else None
 
     async def write_parsed(self, batch: ParsedBatch) -> int:
         """Insert a parsed batch (``thread_users`` first, as :meth:`write`); durable on
@@ -219,7 +233,11 @@ class MessageStore:
         vector, model = embedded[0], self.embedder.model
         # one scan: the dense side's best, and the similarity of BM25's candidates
         sql, params = dense_sql(
-            self.database, spec, vector, model, DENSE_WINDOW,
+            self.database,
+            spec,
+            vector,
+            model,
+            DENSE_WINDOW,
             [(h.thread_id, h.offset) for h in lexical],
         )
         dense = {
@@ -251,9 +269,7 @@ class MessageStore:
                     "bm25_coverage": round(f.lexical, 6),
                     "query_weight": round(weight, 6),
                     "dense_normalised": round(f.dense, 6),
-                    "dense_similarity": (
-                        round(dense[f.key], 6) if f.key in dense else None
-                    ),
+                    "dense_similarity": (round(dense[f.key], 6) if f.key in dense else None),
                     "model": self.embedder.model,
                 }
             out.append(replace(hit, relevance=f.relevance, explain=explain))
