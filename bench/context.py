@@ -16,6 +16,9 @@ in an order rotating by round, so no path gets a quieter stretch of the machine 
   event loop, so the client's own time is included);
 - ``http-lean``: the same requests from a minimal keep-alive HTTP/1.1 client (asyncio
   streams, one connection): the server's cost without httpx's own;
+- ``lean-before``: the lean client against a second server of the same app as it was
+  before issue 15's HTTP work (every route through FastAPI, ``hot_routes=False``, and
+  uvicorn's own httptools protocol): before and after in the same rounds;
 - ``asgi``: the same request handed to the app as an ASGI call (no socket, no client, no
   uvicorn): routing, dependencies, middleware and the response's rendering alone;
 - ``raw``: the ceiling — the SlateDB last-20 scan (no decoding), the Postgres pinned query
@@ -54,6 +57,7 @@ from memstream.agents_ctx.services import Services
 from memstream.clock import SystemClock
 from memstream.infra import redis_keys
 from memstream.infra.accounts import Accounts
+from memstream.infra.cli.wiring import http_protocol
 from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.journal import Journal, local_store
@@ -261,10 +265,29 @@ async def main(args: argparse.Namespace) -> None:
         )
         port = free_port()
         server = uvicorn.Server(
-            uvicorn.Config(create_app(services), host="127.0.0.1", port=port, log_level="warning")
+            uvicorn.Config(
+                create_app(services),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                http=http_protocol(),  # as memstream up serves
+            )
         )
         serving = asyncio.create_task(server.serve())
-        while not server.started:
+        # the same app before issue 15's HTTP work: every route through FastAPI, and
+        # uvicorn's own httptools protocol (two socket writes per answer)
+        plain_port = free_port()
+        plain_server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(services, hot_routes=False),
+                host="127.0.0.1",
+                port=plain_port,
+                log_level="warning",
+                http="httptools",
+            )
+        )
+        plain_serving = asyncio.create_task(plain_server.serve())
+        while not (server.started and plain_server.started):
             await asyncio.sleep(0.05)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
 
@@ -280,6 +303,16 @@ async def main(args: argparse.Namespace) -> None:
 
             async def over_lean_http(ref: ThreadRef) -> object:
                 status, body = await lean.get(
+                    f"/v1/agents/{ref.agent_id}/threads/{ref.thread_id}/context",
+                    {"Authorization": f"Bearer {key}", "X-Memstream-User": users[ref]},
+                )
+                assert status == 200, body
+                return body
+
+            plain_lean = LeanHttp(plain_port)
+
+            async def over_lean_plain(ref: ThreadRef) -> object:
+                status, body = await plain_lean.get(
                     f"/v1/agents/{ref.agent_id}/threads/{ref.thread_id}/context",
                     {"Authorization": f"Bearer {key}", "X-Memstream-User": users[ref]},
                 )
@@ -320,7 +353,15 @@ async def main(args: argparse.Namespace) -> None:
                 assert sent[0]["status"] == 200, sent
                 return sent
 
-            ops = (raw, raw_and_thread, in_process, over_http, over_lean_http, asgi)
+            ops = (
+                raw,
+                raw_and_thread,
+                in_process,
+                over_http,
+                over_lean_http,
+                over_lean_plain,
+                asgi,
+            )
             for op in ops:  # warm caches
                 await timed(50, refs, op)
             results = await interleaved(
@@ -332,12 +373,15 @@ async def main(args: argparse.Namespace) -> None:
                     "in-process": in_process,
                     "http": over_http,
                     "http-lean": over_lean_http,
+                    "lean-before": over_lean_plain,
                     "asgi": asgi,
                 },
             )
             await lean.close()
-        server.should_exit = True
+            await plain_lean.close()
+        server.should_exit = plain_server.should_exit = True
         await serving
+        await plain_serving
         base50, base99 = pct(results["raw"], 0.5), pct(results["raw"], 0.99)
         names = {
             "raw": "raw",
@@ -345,6 +389,7 @@ async def main(args: argparse.Namespace) -> None:
             "in-process": "in_process",
             "http": "over_http",
             "http-lean": "over_lean_http",
+            "lean-before": "over_lean_plain",
             "asgi": "asgi",
         }
         print(
@@ -359,7 +404,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"{cpu_ms:7.2f}  {p50 / base50:.2f}x / {p99 / base99:.2f}x"
             )
         inproc = results["in-process"]
-        for name in ("http", "http-lean", "asgi"):
+        for name in ("http", "http-lean", "lean-before", "asgi"):
             xs = results[name]
             print(
                 f"{name} / in-process: p50 {pct(xs, 0.5) / pct(inproc, 0.5):.2f}x, "

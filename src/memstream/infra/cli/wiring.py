@@ -256,6 +256,7 @@ class Stack:
             app,
             host=s.host,
             port=s.port,
+            http=http_protocol(),
             log_level="warning",
             lifespan="off",
             access_log=False,
@@ -328,6 +329,16 @@ class Stack:
                 )
             except Exception:
                 log.exception("error while stopping %s", _name(stop))
+
+
+def http_protocol() -> type[asyncio.Protocol] | str:
+    """httptools with one socket write per answer (``http_protocol``), or uvicorn's own
+    choice when httptools (the ``server`` extra) is not installed."""
+    try:
+        from memstream.infra.cli.http_protocol import CoalescingHttpTools
+    except ImportError:
+        return "auto"
+    return CoalescingHttpTools
 
 
 def _name(stop: Stopper) -> str:
