@@ -1,15 +1,17 @@
 """Capacity and key identity under truly concurrent writers (real Postgres, one connection
-per writer): ``memory_store`` takes the agent's capacity lock only for its count and commit
-(``outbox.capacity_usage``), so these check that overlapping everything else never lets a
-category past its limit, never loses or doubles a same-key write, and never deadlocks with
-the entries routes (import), which take the same lock the same way."""
+per writer): ``memory_store`` groups concurrent stores of one account into one transaction
+(group commit, ``batch_store``) and takes the capacity lock only for the count and commit,
+falling back to one transaction per store when a group would not fit; these check that no
+path ever lets a category past its limit (entries expired by time not counted), never loses
+or doubles a same-key write, and never deadlocks with the entries routes (import), which
+take the same lock the same way."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import orjson
@@ -173,3 +175,92 @@ async def test_stores_racing_an_import_of_the_same_agent_keep_capacity_and_finis
     assert report.created + statuses.count("created") == 10  # 30 slots, 20 taken before
     n, _ = await rows_and_events(wide_pool, c)
     assert n == 30
+
+
+# --- group commit: concurrent stores of one account share a transaction ---------------------
+async def outbox_transactions(pool: asyncpg.Pool, c: Caller) -> int:
+    """How many transactions wrote the agent's outbox rows (``created_at`` is the start time
+    of the writing transaction, so rows of one transaction share it)."""
+    n = await pool.fetchval(
+        "SELECT count(DISTINCT created_at) FROM memory_outbox "
+        "WHERE account_id = $1 AND agent_id = $2",
+        c.account_id,
+        c.agent_id,
+    )
+    return int(n)
+
+
+async def test_concurrent_stores_of_one_agent_commit_together_each_with_its_own_answer(
+    wide_pool: asyncpg.Pool,
+) -> None:
+    svc = svc_of(wide_pool)
+    c = Caller("acc", f"group{next(_agents)}", "u1")
+    await svc.store(c, "tea", "likes green tea", "user_profile", "private")
+    await svc.store(c, "city", "lives in Lyon", "user_profile", "private")
+    before = await outbox_transactions(wide_pool, c)
+    calls = [(f"k{i}", f"fact {i}") for i in range(14)]
+    calls += [("tea", "likes green tea"), ("city", "lives in Paris")]  # no-op, replace
+    results = await asyncio.gather(
+        *(svc.store(c, k, text, "user_profile", "private") for k, text in calls)
+    )
+    statuses = [r.status for r in results]
+    assert statuses == ["created"] * 14 + ["unchanged", "replaced"]
+    assert [r.entry.key for r in results] == [k for k, _ in calls]
+    assert results[-1].entry.content == "lives in Paris"
+    n, events = await rows_and_events(wide_pool, c)
+    assert n == 16
+    assert events[2:] and sorted(events[2:]) == sorted(
+        [("memory.stored", f"k{i}") for i in range(14)] + [("memory.replaced", "city")]
+    )
+    versions = [r.entry.version for r in results]
+    assert len(set(versions)) == 16
+    # 15 writes in far fewer transactions than 15: they were grouped
+    assert await outbox_transactions(wide_pool, c) - before < 8
+    # what was answered is what is stored
+    stored = {e.key: e for e in await svc.list_visible(c)}
+    assert all(stored[r.entry.key] == r.entry for r in results)
+
+
+async def test_entries_expired_by_time_leave_room_for_concurrent_stores(
+    wide_pool: asyncpg.Pool,
+) -> None:
+    # 100 observations per user: 60 stored at T0 (they expire at T0 + 30 days), 40 at
+    # T0 + 20 days; at T0 + 31 days 40 are live, so of 80 concurrent writers exactly 60 fit.
+    clock = FixedClock(T0)
+    svc = MemoryService(wide_pool, clock, binding=EVERY_AGENT_BOUND)
+    c = Caller("acc", f"expiry{next(_agents)}", "u1")
+    old = [svc.store(c, f"old{i}", f"old note {i}", "observation", "private") for i in range(60)]
+    await asyncio.gather(*old)
+    clock.set(T0 + timedelta(days=20))
+    await asyncio.gather(
+        *(svc.store(c, f"mid{i}", f"note {i}", "observation", "private") for i in range(40))
+    )
+    clock.set(T0 + timedelta(days=31))
+
+    async def one(i: int) -> str:
+        try:
+            return (await svc.store(c, f"new{i}", f"new note {i}", "observation", "private")).status
+        except CapacityExceeded:
+            return "refused"
+
+    statuses = await asyncio.gather(*(one(i) for i in range(80)))
+    assert statuses.count("created") == 60 and statuses.count("refused") == 20
+    live = await svc.list_visible(c, "observation")
+    assert len(live) == 100
+
+
+async def test_one_by_one_path_still_holds_the_limit(wide_pool: asyncpg.Pool) -> None:
+    # The store of before (every store its own transaction) keeps the same guarantees.
+    svc = MemoryService(wide_pool, FixedClock(T0), binding=EVERY_AGENT_BOUND, group_commit=False)
+    c = Caller("acc", f"single{next(_agents)}", "u1")
+
+    async def one(i: int) -> str:
+        try:
+            return (await svc.store(c, f"k{i}", f"fact {i}", "user_profile", "private")).status
+        except CapacityExceeded:
+            return "refused"
+
+    statuses = await asyncio.gather(*(one(i) for i in range(WRITERS)))
+    assert statuses.count("created") == 30
+    n, events = await rows_and_events(wide_pool, c)
+    assert n == 30 and len(events) == 30

@@ -7,7 +7,7 @@ on commit). So an entry change and its event are written together or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Final, cast
 
@@ -68,8 +68,18 @@ async def append_events(
     (entry identity, version, type) — see ``schemas.events.memory_event`` — so a consumer
     can dedupe a re-published event.
     """
+    return await append_typed_events(conn, [(typ, e) for e in entries], now)
+
+
+async def append_typed_events(
+    conn: asyncpg.Connection,
+    events: Sequence[tuple[MemoryEventType, MemoryEntry]],
+    now: datetime,
+) -> int:
+    """:func:`append_events` for events of several types, in the order given (one round
+    trip, whatever their number)."""
     ts = epoch_ms(now)
-    envs = [memory_event(typ, e, ts) for e in entries]
+    envs = [memory_event(typ, e, ts) for typ, e in events]
     if not envs:
         return 0
     # one round trip: the rows, and the NOTIFY (from a one-row subquery, run once)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import unicodedata
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, cast
@@ -273,6 +274,23 @@ def check_capacity(category: Category, user_id: str | None, usage: Usage) -> Non
             f"this user already holds {usage.user} {category} entries "
             f"(the maximum per user is {limits.per_user})"
         )
+
+
+def group_fits(
+    category: Category, counts: Mapping[str | None, int], authors: Iterable[str]
+) -> bool:
+    """Whether a group of stores written together (group commit) fits ``category`` of one
+    agent: ``counts`` are its live entries per ``user_id`` (``None``: entries without one)
+    with the group's own rows written, ``authors`` the users of the group's new entries.
+    For a group whose writes only add entries to their category (creates) or replace
+    entries within it, True means: running the group's stores one at a time, replacements
+    first, passes :func:`check_capacity` at every step (the counts only grow, up to these),
+    so the group may commit. False means: run them one at a time, and let
+    :func:`check_capacity` refuse the ones past a limit."""
+    limits = CATEGORY_LIMITS[category]
+    if sum(counts.values()) > limits.per_agent:
+        return False
+    return all(counts.get(u, 0) <= limits.per_user for u in authors)
 
 
 def new_entry(

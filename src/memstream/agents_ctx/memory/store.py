@@ -32,6 +32,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, Literal
@@ -40,8 +41,10 @@ import asyncpg
 
 from memstream.agents_ctx.access import MemoryBinding, require_memory
 from memstream.agents_ctx.memory import policy, ranking
+from memstream.agents_ctx.memory.batch_store import identity, store_group
 from memstream.agents_ctx.memory.bounded import PgWaits
 from memstream.agents_ctx.memory.entries import MemoryEntries
+from memstream.agents_ctx.memory.group_commit import GroupCommit
 from memstream.agents_ctx.memory.outbox import (
     ENTRY_COLUMNS,
     NEXT_VERSION,
@@ -55,7 +58,7 @@ from memstream.agents_ctx.memory.outbox import (
 from memstream.agents_ctx.memory.ports import IndexHit, MemoryIndexPort
 from memstream.agents_ctx.memory.semantic_screen import SemanticScreen
 from memstream.clock import Clock, epoch_ms
-from memstream.errors import Conflict, InvalidRequest, PromptInjection
+from memstream.errors import Conflict, InvalidRequest, PromptInjection, RetryableInfraError
 from memstream.infra.accounts import Accounts
 from memstream.schemas.events import encode, memory_event
 from memstream.schemas.limits import PIN_MAX_ENTRIES, PIN_MIN_IMPORTANCE
@@ -75,6 +78,14 @@ INDEX_TIMEOUT_S: Final = 5.0
 _STORE_ATTEMPTS: Final = 8
 """Reads of an absent key before a store gives up (``Conflict``): each retry means another
 store created the key in between and committed, after which the row lock serialises."""
+
+_ONE_BY_ONE: Final = (
+    asyncpg.TransactionRollbackError,  # a deadlock or serialization failure between groups
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+)
+"""Errors of a group's transaction after which its calls are run one by one (whichever call
+caused it then gets it alone); any other error is every call's."""
 
 # Visible, live entries of one agent: $1 account, $2 agent, $3 user (or NULL), $4 now.
 _VISIBLE: Final = (
@@ -175,7 +186,10 @@ class MemoryService:
         binding: MemoryBinding | None = None,
         semantic_screen: SemanticScreen | None = None,
         pg_waits: PgWaits | None = None,
+        group_commit: bool = True,
     ) -> None:
+        """``group_commit``: concurrent stores of one account share transactions
+        (``GroupCommit``); False runs every store in its own."""
         self._pool = pool
         # the second injection screen, after the patterns (None: patterns only)
         self._semantic = semantic_screen
@@ -188,6 +202,9 @@ class MemoryService:
         self._metrics = metrics
         self.entries = MemoryEntries(pool, clock, self._binding, pg_waits, semantic_screen)
         """Browse, edit, export and import (the entries routes)."""
+        self._group: GroupCommit[tuple[Caller, policy.StoreRequest], StoreResult] | None = (
+            GroupCommit(self._store_group, lambda call: identity(*call)) if group_commit else None
+        )
 
     # --- memory_store ---------------------------------------------------------------------
     async def store(
@@ -214,6 +231,38 @@ class MemoryService:
             raise PromptInjection(
                 "content resembles a prompt injection (semantic screen)", field="content"
             )
+        if self._group is None:
+            return await self._store_one(caller, req)
+        return await self._group.submit(caller.account_id, (caller, req))
+
+    async def _store_group(
+        self, calls: Sequence[tuple[Caller, policy.StoreRequest]]
+    ) -> list[StoreResult | Exception]:
+        """One group of concurrent stores of one account (``GroupCommit``): alone, the store
+        of one call; otherwise one transaction (``batch_store.store_group``), or, when that
+        rolls back, each call on its own, in arrival order."""
+        if len(calls) > 1:
+            try:
+                async with self._pool.acquire() as conn:
+                    done = await store_group(conn, calls, self._clock.now())
+            except _ONE_BY_ONE as e:  # nothing written; each call may still be fine alone
+                log.info("group of %d stores rolled back (%r): one by one", len(calls), e)
+                done = None
+            if done is not None:
+                return [StoreResult(status, entry) for status, entry in done]
+        out: list[StoreResult | Exception] = []
+        for n, (caller, req) in enumerate(calls):
+            try:
+                out.append(await self._store_one(caller, req))
+            except RetryableInfraError as e:  # Postgres is busy or away: the rest would wait too
+                out += [e] * (len(calls) - n)
+                break
+            except Exception as e:  # this call's own outcome, not the group's
+                out.append(e)
+        return out
+
+    async def _store_one(self, caller: Caller, req: policy.StoreRequest) -> StoreResult:
+        """One checked store in its own transaction (see the module docstring)."""
         now = self._clock.now()
         async with self._pool.acquire() as conn, conn.transaction():
             for _ in range(_STORE_ATTEMPTS):

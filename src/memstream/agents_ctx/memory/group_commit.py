@@ -1,0 +1,129 @@
+"""Group commit: concurrent calls that share a key are run together, a group at a time.
+
+A call is queued under its key (``memory_store`` uses the account). If fewer than
+``max_inflight`` groups of that key are running, a runner task starts and takes every queued
+call (at most ``max_group``, never two with the same ``conflict_key``) as one group; calls
+arriving meanwhile wait for the next group. So a lone call runs at once, alone (no added
+wait), and under concurrency the per-group costs (round trips, the commit and its fsync, a
+lock) are paid once per group instead of once per call.
+
+Guarantees:
+
+- Each call gets its own outcome: the result or the exception ``run`` gave for it, or the
+  exception ``run`` raised for the whole group.
+- Calls of one key start in arrival order (a call held back by its ``conflict_key`` keeps
+  its place at the head of the queue).
+- A caller that gives up (its task is cancelled) only stops waiting: its call may still
+  run with its group, as a call cancelled after sending its ``COMMIT`` would.
+- No module state: one instance per service, its runners on the running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MAX_GROUP = 64
+"""Calls per group at most (bounds one transaction's statements and the wait behind it)."""
+
+MAX_INFLIGHT = 2
+"""Groups of one key running at once: one can do its reads and writes while the other holds
+the capacity lock for its count and commit."""
+
+
+@dataclass
+class _Lane(Generic[T, R]):
+    loop: asyncio.AbstractEventLoop
+    queue: deque[tuple[T, asyncio.Future[R]]] = field(default_factory=deque)
+    running: int = 0
+
+
+class GroupCommit(Generic[T, R]):
+    """Runs queued calls of one key in groups through ``run``, which returns one outcome (a
+    result or an exception) per call, in order."""
+
+    def __init__(
+        self,
+        run: Callable[[Sequence[T]], Awaitable[Sequence[R | Exception]]],
+        conflict_key: Callable[[T], Hashable],
+        *,
+        max_group: int = MAX_GROUP,
+        max_inflight: int = MAX_INFLIGHT,
+    ) -> None:
+        if max_group < 1 or max_inflight < 1:
+            raise ValueError("max_group and max_inflight must be at least 1")
+        self._run = run
+        self._conflict_key = conflict_key
+        self._max_group = max_group
+        self._max_inflight = max_inflight
+        self._lanes: dict[Hashable, _Lane[T, R]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, key: Hashable, call: T) -> R:
+        """Queue ``call`` under ``key`` and wait for its outcome."""
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.get(key)
+        if lane is None or lane.loop is not loop:  # a lane left by a closed loop is dropped
+            lane = self._lanes[key] = _Lane(loop)
+        fut: asyncio.Future[R] = loop.create_future()
+        lane.queue.append((call, fut))
+        if lane.running < self._max_inflight:
+            lane.running += 1
+            task = loop.create_task(self._drain(key, lane))
+            self._tasks.add(task)  # a strong reference until it ends
+            task.add_done_callback(self._tasks.discard)
+        return await fut
+
+    async def _drain(self, key: Hashable, lane: _Lane[T, R]) -> None:
+        try:
+            while lane.queue:
+                await self._run_group(self._take(lane))
+        finally:
+            lane.running -= 1
+            if lane.running == 0:
+                while lane.queue:  # only when cancelled: nobody is left to run these
+                    lane.queue.popleft()[1].cancel()
+                if self._lanes.get(key) is lane:
+                    del self._lanes[key]
+
+    def _take(self, lane: _Lane[T, R]) -> list[tuple[T, asyncio.Future[R]]]:
+        group: list[tuple[T, asyncio.Future[R]]] = []
+        held: list[tuple[T, asyncio.Future[R]]] = []
+        keys: set[Hashable] = set()
+        while lane.queue and len(group) < self._max_group:
+            call, fut = lane.queue.popleft()
+            if fut.done():  # its caller gave up before it started
+                continue
+            k = self._conflict_key(call)
+            if k in keys:
+                held.append((call, fut))
+            else:
+                keys.add(k)
+                group.append((call, fut))
+        lane.queue.extendleft(reversed(held))
+        return group
+
+    async def _run_group(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
+        if not group:
+            return
+        try:
+            outcomes = await self._run([call for call, _ in group])
+        except asyncio.CancelledError:
+            for _, fut in group:
+                fut.cancel()
+            raise
+        except Exception as e:
+            outcomes = [e] * len(group)
+        for (_, fut), outcome in zip(group, outcomes, strict=True):
+            if fut.done():
+                continue
+            if isinstance(outcome, Exception):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)
