@@ -1,11 +1,11 @@
 """Group commit: concurrent calls that share a key are run together, a group at a time.
 
-A call is queued under its key (``memory_store`` uses the account). If fewer than
-``max_inflight`` groups of that key are running, a runner task starts and takes every queued
-call (at most ``max_group``, never two with the same ``conflict_key``) as one group; calls
-arriving meanwhile wait for the next group. So a lone call runs at once, alone (no added
-wait), and under concurrency the per-group costs (round trips, the commit and its fsync, a
-lock) are paid once per group instead of once per call.
+A call is keyed (``memory_store`` uses the account). A call that finds nothing queued and
+fewer than ``max_inflight`` groups of its key running runs at once, alone, in its caller's
+task (no added wait). Otherwise it queues; a runner task takes every queued call (at most
+``max_group``, never two with the same ``conflict_key``) as one group as soon as fewer than
+``max_inflight`` groups run. So under concurrency the per-group costs (round trips, the
+commit and its fsync, a lock) are paid once per group instead of once per call.
 
 Guarantees:
 
@@ -71,14 +71,32 @@ class GroupCommit(Generic[T, R]):
         lane = self._lanes.get(key)
         if lane is None or lane.loop is not loop:  # a lane left by a closed loop is dropped
             lane = self._lanes[key] = _Lane(loop)
+        if lane.running < self._max_inflight and not lane.queue:
+            # nothing to group with: run it at once, in the caller's own task (no hand-off;
+            # cancelling the caller cancels only this call); arrivals meanwhile queue up
+            lane.running += 1
+            try:
+                [outcome] = await self._run([call])
+            finally:
+                lane.running -= 1
+                self._wake(key, lane)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
         fut: asyncio.Future[R] = loop.create_future()
         lane.queue.append((call, fut))
-        if lane.running < self._max_inflight:
+        self._wake(key, lane)
+        return await fut
+
+    def _wake(self, key: Hashable, lane: _Lane[T, R]) -> None:
+        """Start a runner if calls wait and fewer than ``max_inflight`` groups run."""
+        if lane.queue and lane.running < self._max_inflight:
             lane.running += 1
-            task = loop.create_task(self._drain(key, lane))
+            task = lane.loop.create_task(self._drain(key, lane))
             self._tasks.add(task)  # a strong reference until it ends
             task.add_done_callback(self._tasks.discard)
-        return await fut
+        elif not lane.queue and lane.running == 0 and self._lanes.get(key) is lane:
+            del self._lanes[key]
 
     async def _drain(self, key: Hashable, lane: _Lane[T, R]) -> None:
         try:
