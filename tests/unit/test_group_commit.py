@@ -37,6 +37,13 @@ async def test_a_lone_call_runs_at_once_alone() -> None:
     assert run.groups == [[1], [2]]
 
 
+async def test_calls_arriving_together_at_an_idle_key_form_one_group() -> None:
+    run = Recorder()
+    gc: GroupCommit[int, int] = GroupCommit(run, conflict_key=lambda c: c)
+    assert await asyncio.gather(*(gc.submit("a", i) for i in range(5))) == [0, 10, 20, 30, 40]
+    assert run.groups == [[0, 1, 2, 3, 4]]
+
+
 async def test_calls_queued_while_a_group_runs_form_the_next_group() -> None:
     run = Recorder()
     gc: GroupCommit[int, int] = GroupCommit(run, conflict_key=lambda c: c, max_inflight=1)
