@@ -1,6 +1,6 @@
 """memory_store throughput against embedded Postgres, vs the raw engine, before vs after.
 
-Run: ``python bench/memory_store.py [--rounds 3] [--n1 150] [--n16 400]``. Launches an
+Run: ``python bench/memory_store.py [--rounds 10] [--n1 60] [--n16 160]``. Launches an
 embedded PostgreSQL (fsync on), applies the migrations, then, for each round and at
 concurrency 1 and 16, runs these paths one after another in an order that rotates by round
 (so before and after see the same machine, interleaved):
@@ -14,8 +14,9 @@ concurrency 1 and 16, runs these paths one after another in an order that rotate
 "before" is main's code path (``MemoryService(group_commit=False)``: every store its own
 transaction, the capacity lock held for the count and the commit); "after" is the default
 (group commit: concurrent stores of one account share a transaction). Prints ops/s per round,
-the ratio to that round's raw, and the median ratio over the rounds; then the no-op store
-(same key, identical content) and recall latency.
+the ratio to that round's raw, and the median ratio over the rounds. At concurrency 1 the
+rounds also time the no-op store (same key, identical content, before and after). Last,
+recall latency (keyword fallback).
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ WORDS = [
 ]
 
 Op = Callable[[int], Awaitable[object]]
+
+ORDER = [
+    "raw",
+    "before, one agent",
+    "after, one agent",
+    "before, 50 agents",
+    "after, 50 agents",
+    "before, no-op",
+    "after, no-op",
+]
 
 
 def content(i: int) -> str:
@@ -116,6 +127,11 @@ async def main(rounds: int, n1: int, n16: int) -> None:
                             f"{path}-many{conc}-{r}-{j}" for j in range(50)
                         ]:
                             await accounts.configure_agent("b", agent, memory=True)
+            await accounts.configure_agent("b", "noop", memory=True)
+            for i in range(n1):  # the keys the no-op paths store again, unchanged
+                await svcs["before"].store(
+                    Caller("b", "noop", None), f"k{i}", content(i), "observation", "shared"
+                )
             print(
                 f"memory_store ops/s, {rounds} rounds, {n1} ops per path at concurrency 1, "
                 f"{n16} at 16; load average at start {load()}"
@@ -146,6 +162,9 @@ async def main(rounds: int, n1: int, n16: int) -> None:
                             "after", lambda i, c=conc, r=r: f"after-many{c}-{r}-{i % 50}"
                         ),
                     }
+                    if conc == 1:  # same key, identical content: the no-op, on n1 keys
+                        paths["before, no-op"] = store("before", lambda i: "noop")
+                        paths["after, no-op"] = store("after", lambda i: "noop")
                     names = list(paths)
                     shift = r % len(names)
                     got: dict[str, float] = {}
@@ -163,22 +182,11 @@ async def main(rounds: int, n1: int, n16: int) -> None:
             print(f"median over rounds (ops/s, ratio to the same round's raw); load {load()}")
             for conc in (1, 16):
                 cells = []
-                for name in ("raw", "before, one agent", "after, one agent",
-                             "before, 50 agents", "after, 50 agents"):  # fmt: skip
+                for name in sorted({n for c, n in figures if c == conc}, key=ORDER.index):
                     ops = statistics.median(figures[(conc, name)])
                     rt = statistics.median(ratios[(conc, name)])
                     cells.append(f"{name} {ops:6.0f}/s" + ("" if name == "raw" else f" {rt:.2f}x"))
                 print(f"  c={conc:>2}: " + " | ".join(cells))
-            for path, svc in svcs.items():
-                caller = Caller("b", f"{path}-one1-0", None)
-                noop = await run_concurrent(
-                    n1,
-                    1,
-                    lambda i, svc=svc, caller=caller: svc.store(
-                        caller, f"k{i}", content(i), "observation", "shared"
-                    ),
-                )
-                print(f"  same key + identical content (no-op), {path}: {noop:6.0f}/s")
             caller = Caller("b", "after-one1-0", None)
             lat = []
             for i in range(200):
@@ -197,8 +205,8 @@ async def main(rounds: int, n1: int, n16: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--n1", type=int, default=150, help="ops per path at concurrency 1")
-    ap.add_argument("--n16", type=int, default=400, help="ops per path at concurrency 16 (<= 500)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--n1", type=int, default=60, help="ops per path at concurrency 1")
+    ap.add_argument("--n16", type=int, default=160, help="ops per path at concurrency 16 (<= 500)")
     a = ap.parse_args()
     asyncio.run(main(a.rounds, a.n1, a.n16))

@@ -264,3 +264,59 @@ async def test_one_by_one_path_still_holds_the_limit(wide_pool: asyncpg.Pool) ->
     assert statuses.count("created") == 30
     n, events = await rows_and_events(wide_pool, c)
     assert n == 30 and len(events) == 30
+
+
+async def test_a_full_agent_does_not_hold_back_the_group_of_another(
+    wide_pool: asyncpg.Pool,
+) -> None:
+    # Stores of two agents of one account arrive together: one agent's category is full
+    # for its user (30 user_profile entries), so its stores are refused; the other agent's
+    # stores are still created together, in one transaction.
+    svc = svc_of(wide_pool)
+    full = Caller("acc", f"full{next(_agents)}", "u1")
+    other = Caller("acc", f"other{next(_agents)}", "u1")
+    for i in range(30):
+        await svc.store(full, f"pre{i}", f"earlier fact {i}", "user_profile", "private")
+
+    async def one(c: Caller, i: int) -> str:
+        try:
+            return (await svc.store(c, f"k{i}", f"fact {i}", "user_profile", "private")).status
+        except CapacityExceeded:
+            return "refused"
+
+    calls = [one(full, i) for i in range(5)] + [one(other, i) for i in range(10)]
+    statuses = await asyncio.gather(*calls)
+    assert statuses == ["refused"] * 5 + ["created"] * 10
+    assert (await rows_and_events(wide_pool, full))[0] == 30
+    n, events = await rows_and_events(wide_pool, other)
+    assert n == 10 and len(events) == 10
+    assert await outbox_transactions(wide_pool, other) == 1
+
+
+async def test_groups_of_two_processes_racing_on_the_same_new_keys_lose_nothing(
+    wide_pool: asyncpg.Pool,
+) -> None:
+    # Two API processes (two services, two batchers) store the same 12 new keys at once:
+    # each key is created once and replaced once, whichever group gets there first.
+    a, b = svc_of(wide_pool), svc_of(wide_pool)
+    c = Caller("acc", f"twoproc{next(_agents)}", None)
+    for _ in range(3):
+        tag = next(_agents)
+        results = await asyncio.gather(
+            *(
+                a.store(c, f"r{tag}k{i}", f"a says {i}", "project_fact", "shared")
+                for i in range(12)
+            ),
+            *(
+                b.store(c, f"r{tag}k{i}", f"b says {i}", "project_fact", "shared")
+                for i in range(12)
+            ),
+        )
+        for i in range(12):
+            pair = sorted([results[i].status, results[12 + i].status])
+            assert pair == ["created", "replaced"]
+            last = max(results[i], results[12 + i], key=lambda r: r.entry.version)
+            [row] = [e for e in await svc_of(wide_pool).list_visible(c) if e.key == f"r{tag}k{i}"]
+            assert row.content == last.entry.content
+    n, events = await rows_and_events(wide_pool, c)
+    assert n == 36 and len(events) == 72

@@ -24,7 +24,8 @@ Guarantees (the same as one store at a time, see ``store.py``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal
 
@@ -85,22 +86,35 @@ def identity(caller: Caller, req: policy.StoreRequest) -> Identity:
     return (caller.agent_id, req.owner, req.key)
 
 
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The group was rolled back (nothing written): the calls at ``alone`` (indexes into
+    the group) must run one by one; the others may be tried again as a group. Empty when
+    another transaction created one of the identities meanwhile (a retry reads it)."""
+
+    alone: frozenset[int]
+
+
 async def store_group(
     conn: asyncpg.Connection,
     calls: Sequence[tuple[Caller, policy.StoreRequest]],
     now: datetime,
-) -> list[tuple[GroupStatus, MemoryEntry]] | None:
+) -> list[tuple[GroupStatus, MemoryEntry]] | Split:
     """Store ``calls`` (one account, distinct identities, already checked) in one
-    transaction on ``conn``; the outcome of each call in order, or ``None`` (nothing
-    written) when they must run one by one instead (see the module docstring)."""
+    transaction on ``conn``: the outcome of each call in order, or a :class:`Split`
+    (nothing written; see the module docstring)."""
     try:
         return await _store_group(conn, calls, now)
-    except _Retry:
-        return None
+    except _Rollback as e:
+        return e.split
 
 
-class _Retry(Exception):
-    """Roll the group back: its calls must run one by one (not an error of any call)."""
+class _Rollback(Exception):
+    """Roll the group back (not an error of any call)."""
+
+    def __init__(self, alone: Iterable[int] = ()) -> None:
+        super().__init__()
+        self.split = Split(frozenset(alone))
 
 
 async def _store_group(
@@ -123,7 +137,8 @@ async def _store_group(
         found = {(r["agent_id"], r["owner"], r["key"]): entry_of_row(r) for r in rows}
         out: list[tuple[GroupStatus, MemoryEntry] | None] = [None] * len(calls)
         writes: list[tuple[int, MemoryEntry, int | None, MemoryEventType]] = []
-        rooms: list[tuple[str, Category, str | None]] = []
+        rooms: list[tuple[int, str, Category, str | None]] = []
+        moves: list[int] = []
         for n, ((caller, req), ident) in enumerate(zip(calls, idents, strict=True)):
             existing = found.get(ident)
             action, needs_room = policy.plan_store(req, existing, now)
@@ -131,29 +146,33 @@ async def _store_group(
                 assert existing is not None
                 out[n] = ("unchanged", existing)
                 continue
-            if action == "replace" and needs_room:
-                raise _Retry  # a move to another category: one by one (see policy.group_fits)
             if action == "replace":
                 assert existing is not None
+                if needs_room:  # a move to another category: one by one (policy.group_fits)
+                    moves.append(n)
                 entry = policy.replaced_entry(existing, req, now, version=0)
             else:
                 entry = policy.new_entry(req, account, caller.agent_id, now, version=0)
             typ: MemoryEventType = "memory.replaced" if action == "replace" else "memory.stored"
             writes.append((n, entry, None if existing is None else existing.version, typ))
             if needs_room:
-                rooms.append((caller.agent_id, req.category, req.user_id))
+                rooms.append((n, caller.agent_id, req.category, req.user_id))
+        if moves:
+            raise _Rollback(moves)
         if writes:
             written = await _write_many(conn, [(e, v) for _, e, v, _ in writes])
             if len(written) != len(writes):
-                raise _Retry  # another transaction created one of the identities: one by one
+                raise _Rollback()  # another transaction created one of the identities
             events: list[tuple[MemoryEventType, MemoryEntry]] = []
             for n, entry, _, typ in writes:
                 row = written[(entry.agent_id, entry.owner, entry.key)]
                 out[n] = ("replaced" if typ == "memory.replaced" else "created", row)
                 events.append((typ, row))
             await append_typed_events(conn, events, now)
-        if rooms and not await _fits(conn, account, rooms, now):
-            raise _Retry
+        if rooms:
+            full = await _full(conn, account, [(a, c, u) for _, a, c, u in rooms], now)
+            if full:  # the stores that needed room there run one by one
+                raise _Rollback(n for n, a, c, _ in rooms if (a, c) in full)
     done = [o for o in out if o is not None]
     assert len(done) == len(calls)
     return done
@@ -186,14 +205,14 @@ async def _write_many(
     return {(e.agent_id, e.owner, e.key): e for e in entries}
 
 
-async def _fits(
+async def _full(
     conn: asyncpg.Connection,
     account: str,
     rooms: Sequence[tuple[str, Category, str | None]],
     now: datetime,
-) -> bool:
-    """Take the capacity locks of ``rooms``' (agent, category) pairs and check every one is
-    within its limits with the group's rows written (``policy.group_fits``)."""
+) -> set[tuple[str, Category]]:
+    """Take the capacity locks of ``rooms``' (agent, category) pairs; the pairs past a
+    limit with the group's rows written (``policy.group_fits``)."""
     counts = await conn.fetch(
         "SELECT o_agent, o_category, o_user, o_count FROM memstream_capacity_counts($1, $2, $3, $4)",
         account,
@@ -207,7 +226,8 @@ async def _fits(
     users: dict[tuple[str, Category], set[str]] = {}
     for agent, cat, user in rooms:
         users.setdefault((agent, cat), set()).update([user] if user is not None else [])
-    return all(
-        policy.group_fits(cat, per_group.get((agent, cat), {}), authors)
+    return {
+        (agent, cat)
         for (agent, cat), authors in users.items()
-    )
+        if not policy.group_fits(cat, per_group.get((agent, cat), {}), authors)
+    }

@@ -35,13 +35,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, cast
 
 import asyncpg
 
 from memstream.agents_ctx.access import MemoryBinding, require_memory
 from memstream.agents_ctx.memory import policy, ranking
-from memstream.agents_ctx.memory.batch_store import identity, store_group
+from memstream.agents_ctx.memory.batch_store import Split, identity, store_group
 from memstream.agents_ctx.memory.bounded import PgWaits
 from memstream.agents_ctx.memory.entries import MemoryEntries
 from memstream.agents_ctx.memory.group_commit import GroupCommit
@@ -78,6 +78,10 @@ INDEX_TIMEOUT_S: Final = 5.0
 _STORE_ATTEMPTS: Final = 8
 """Reads of an absent key before a store gives up (``Conflict``): each retry means another
 store created the key in between and committed, after which the row lock serialises."""
+
+_GROUP_ATTEMPTS: Final = 3
+"""Transactions a group may try (each without the calls the previous one set apart) before
+the calls left run one by one."""
 
 _ONE_BY_ONE: Final = (
     asyncpg.TransactionRollbackError,  # a deadlock or serialization failure between groups
@@ -239,27 +243,43 @@ class MemoryService:
         self, calls: Sequence[tuple[Caller, policy.StoreRequest]]
     ) -> list[StoreResult | Exception]:
         """One group of concurrent stores of one account (``GroupCommit``): alone, the store
-        of one call; otherwise one transaction (``batch_store.store_group``), or, when that
-        rolls back, each call on its own, in arrival order."""
-        if len(calls) > 1:
+        of one call; otherwise one transaction (``batch_store.store_group``), tried again
+        without the calls it sets apart (``Split``), which run each on its own, in arrival
+        order, like the whole group when it keeps failing."""
+        out: list[StoreResult | Exception | None] = [None] * len(calls)
+        group = list(range(len(calls)))
+        alone: list[int] = []
+        for _ in range(_GROUP_ATTEMPTS):
+            if len(group) < 2:
+                break
             try:
                 async with self._pool.acquire() as conn:
-                    done = await store_group(conn, calls, self._clock.now())
+                    done = await store_group(conn, [calls[i] for i in group], self._clock.now())
             except _ONE_BY_ONE as e:  # nothing written; each call may still be fine alone
-                log.info("group of %d stores rolled back (%r): one by one", len(calls), e)
-                done = None
-            if done is not None:
-                return [StoreResult(status, entry) for status, entry in done]
-        out: list[StoreResult | Exception] = []
-        for n, (caller, req) in enumerate(calls):
+                log.info("group of %d stores rolled back (%r): one by one", len(group), e)
+                break
+            if isinstance(done, Split):
+                log.debug(
+                    "group of %d stores rolled back, %d set apart", len(group), len(done.alone)
+                )
+                alone += [group[j] for j in done.alone]
+                group = [i for j, i in enumerate(group) if j not in done.alone]
+                continue
+            for i, (status, entry) in zip(group, done, strict=True):
+                out[i] = StoreResult(status, entry)
+            group = []
+        rest = sorted(alone + group)
+        for n, i in enumerate(rest):
             try:
-                out.append(await self._store_one(caller, req))
+                out[i] = await self._store_one(*calls[i])
             except RetryableInfraError as e:  # Postgres is busy or away: the rest would wait too
-                out += [e] * (len(calls) - n)
+                for j in rest[n:]:
+                    out[j] = e
                 break
             except Exception as e:  # this call's own outcome, not the group's
-                out.append(e)
-        return out
+                out[i] = e
+        assert all(o is not None for o in out)
+        return cast(list[StoreResult | Exception], out)
 
     async def _store_one(self, caller: Caller, req: policy.StoreRequest) -> StoreResult:
         """One checked store in its own transaction (see the module docstring)."""
