@@ -104,9 +104,7 @@ async def test_processors_pause_through_a_valkey_and_a_postgres_outage_and_lose_
     runner = Runner(
         settings,
         {
-            "counters": lambda: CountersProcessor(
-                state, summaries, claim_ttl_s=3600, guard_ttl_s=3600
-            ),
+            "counters": lambda: CountersProcessor(state, summaries, guard_ttl_s=3600),
             "marker": lambda: Marker(redis, "applied"),
         },
         metrics,

@@ -54,7 +54,7 @@ def state(redis_client: aioredis.Redis) -> ThreadState:
 
 @pytest.fixture
 def counters(state: ThreadState, store: SummaryStore) -> CountersProcessor:
-    return CountersProcessor(state, store, claim_ttl_s=3600, guard_ttl_s=600, clock=FixedClock())
+    return CountersProcessor(state, store, guard_ttl_s=600, clock=FixedClock())
 
 
 def summarizer(

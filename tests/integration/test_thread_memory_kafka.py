@@ -63,7 +63,7 @@ async def pipeline(
     runner = Runner(
         settings,
         {
-            "counters": lambda: CountersProcessor(state, store, claim_ttl_s=3600, guard_ttl_s=600),
+            "counters": lambda: CountersProcessor(state, store, guard_ttl_s=600),
             "summarizer": lambda: summarizer("summarizer"),
             "summarizer-b": lambda: summarizer("summarizer-b"),  # a second group: races
         },

@@ -10,6 +10,7 @@ import pytest
 
 from memstream.errors import InvalidRequest
 from memstream.infra import redis_keys
+from memstream.infra.thread_state import COUNTERS
 from memstream.schemas.events import DecodeError, Envelope, encode, message_appended
 from memstream.schemas.records import Message, ThreadRef
 from memstream.streams.counters import read_step, to_count
@@ -57,7 +58,7 @@ def test_the_batch_script_builds_the_same_keys_as_redis_keys() -> None:
     # thread_state's batch count script gets only thread_base(ref) and appends the names.
     ref = ThreadRef("acc {x}", "agent*", "th:1")
     base = redis_keys.thread_base(ref)
-    assert base + "counters" == redis_keys.counters(ref)
+    assert base + COUNTERS == redis_keys.counters(ref)
     assert base + "summarized" == redis_keys.watermark(ref)
     assert base + "counted:" + str(42) == redis_keys.message_claim(ref, 42)
 

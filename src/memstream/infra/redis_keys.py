@@ -28,7 +28,9 @@ def summary_lock(ref: ThreadRef) -> str:
 
 
 def counters(ref: ThreadRef) -> str:
-    """Hash with the two threshold counters: ``tokens`` and ``messages`` since the summary."""
+    """Hash with the two threshold counters, ``tokens`` and ``messages`` since the summary,
+    and the counters processor's count mark: ``last`` (highest offset counted) and ``gaps``
+    (offsets below it not seen yet), so a message is counted once without a key of its own."""
     return _k(ref, "counters")
 
 
@@ -44,14 +46,17 @@ def watermark(ref: ThreadRef) -> str:
 
 
 def message_claim(ref: ThreadRef, offset: int) -> str:
-    """Per-message side-effect claim of the counters processor."""
+    """Per-message claim of the counters processor before the count mark (no longer written;
+    read once for a thread whose counters have no mark yet, so an upgrade counts nothing
+    twice; they expire on their own)."""
     return _k(ref, f"counted:{offset}")
 
 
 def thread_base(ref: ThreadRef) -> str:
     """What every key of the thread starts with (``ms:{tag}:``): the batch count script
     (:mod:`memstream.infra.thread_state`) gets only this per thread and appends
-    ``counters``, ``summarized`` and ``counted:<offset>`` itself, as the functions above do."""
+    ``summarized``, ``counters`` (or a rebuild's ``counters.gN``) and, for a thread with no
+    count mark yet, ``counted:<offset>`` itself, as the functions above do."""
     return _k(ref, "")
 
 

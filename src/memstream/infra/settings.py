@@ -172,9 +172,6 @@ class Settings(BaseSettings):
     summary_guard_ttl_s: int = Field(
         default=600, ge=1, description="Flush-and-summarize guard expiry (re-request after)."
     )
-    counter_claim_ttl_s: int = Field(
-        default=7 * 24 * 3600, ge=1, description="Per-message side-effect claim lifetime."
-    )
     flush_timeout_s: float = Field(default=30.0, gt=0, description="Pre-compaction flush limit.")
 
     def model_call_budget_s(self) -> float:

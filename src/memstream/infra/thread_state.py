@@ -1,5 +1,6 @@
-"""Redis adapter for a thread's coordination state: threshold counters, per-message claims,
-the flush-and-summarize guard, the summarized-offset watermark, and the summarization lock.
+"""Redis adapter for a thread's coordination state: threshold counters and their count
+mark, the flush-and-summarize guard, the summarized-offset watermark, and the summarization
+lock.
 
 Every multi-key change is one Lua script, so it is atomic. A thread's keys share its hash tag
 (see :mod:`memstream.infra.redis_keys`); the batch scripts of the counters processor
@@ -8,12 +9,13 @@ memstream connects to) allows and a Redis Cluster would not without splitting by
 
 Guarantees:
 
-- :meth:`ThreadState.count_message` claims the message and increments both counters in one
-  step: a redelivered or replayed message is never counted twice, and a message at or below
-  the watermark (already folded into a summary) is never counted at all.
-  :meth:`ThreadState.count_threads` (and :meth:`ThreadState.count_messages`) runs the same
-  step for many messages of many threads in one atomic script, each thread's messages in
-  the given order. The outcome is that of counting one by one.
+- :meth:`ThreadState.count_threads` counts many messages of many threads in one atomic
+  script, each thread's in the given order: each message is counted once, whatever the
+  redeliveries, replays and re-publications, and however late they come (the counters hash
+  keeps the highest offset counted, ``last``, and the ranges below it not seen yet,
+  ``gaps``: no per-message key, no expiry); a message at or below the watermark (already
+  folded into a summary) is never counted at all. The counters and the mark live in one
+  hash, so whatever replaces the counters (a rebuild's rename) replaces the mark with them.
 - :meth:`ThreadState.claim_guards` is :meth:`ThreadState.claim_guard` for many spans, in
   order, in one round trip: the results are those of the same calls made one by one.
 - :meth:`ThreadState.apply_summary` subtracts a summarized span from the counters, raises the
@@ -44,63 +46,124 @@ from memstream.schemas.records import ThreadRef
 
 T = TypeVar("T")
 
-_COUNT: Final = """
-local wm = redis.call('GET', KEYS[3])
-if not wm then return {-2, 0, 0, -1} end
-wm = tonumber(wm)
-local c = redis.call('HMGET', KEYS[1], 'tokens', 'messages')
-local t, m = tonumber(c[1]) or 0, tonumber(c[2]) or 0
-if tonumber(ARGV[1]) <= wm then return {-1, t, m, wm} end
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return {0, t, m, wm} end
-t = redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[2])
-m = redis.call('HINCRBY', KEYS[1], 'messages', 1)
-return {1, t, m, wm}
-"""
-
-# _COUNT for the messages of many threads, each thread's in order. KEYS = one per thread, its
-# key base (redis_keys.thread_base, "ms:{tag}:"; the script appends "counters", "summarized"
-# and "counted:<offset>" like redis_keys does); ARGV = claim ttl, then per thread its
-# messages as one string "<offset> <tokens> <offset> <tokens> ...". Two arguments per thread
-# instead of three per message, and one script per batch, because packing a pipelined
-# EVALSHA's arguments in redis-py cost ~3x the script's own run time (docs/streams.md). The
-# script spans threads, so hash slots: memstream talks to one Redis/Valkey node (a Cluster
-# client would have to split a batch by slot). Returns one string (a list reply costs a
-# readline per element in redis-py), a part per thread joined by "|": "nowm" if its watermark
-# is unknown, else "<wm> <tokens> <messages> <tokens after> <messages after> <statuses>" with
-# the counters before its first message and after its last, and one status letter per
-# message: c(ounted), d(uplicate), s(ummarized already) (the counters after message i follow
-# by adding the counted ones up to i). The script is atomic, so one HINCRBY per counter at
-# the end equals one per message.
+# Count the messages of many threads, each thread's in order, in one atomic script.
+#
+# Per thread the counters hash holds, beside ``tokens`` and ``messages``, the high-water mark
+# ``last`` (the highest offset counted) and ``gaps`` (offsets above the watermark not seen yet
+# below ``last``, as ranges "a-b a-b ..."; usually absent). A message is counted when its
+# offset is above ``last`` (a jump past ``last + 1`` records the skipped range as a gap) or
+# falls in a gap (which it then leaves); anything else above the watermark is a duplicate.
+# A thread's records come in offset order within one partition, so a redelivery or a
+# re-publication is at or below ``last``; gaps cover what can come out of order: the tail
+# of a thread's old partition after a partition-count change, read after its new partition's
+# first records. One hash field per thread replaces the per-message claim keys (one key with
+# a TTL per message, the bulk of this script's server time), and with no TTL a redelivery
+# any time later (a fresh broker, a group reset) is still a no-op. At most ARGV[2] gap
+# ranges are kept (the lowest go first; a message in a dropped range counts as a duplicate).
+#
+# A hash written by the per-message-claim version (counters but no ``last``) is read the old
+# way until the first message its claims do not cover: from there on the thread's records
+# are new, and ``last`` takes over (an upgrade never counts a redelivery twice).
+#
+# KEYS = one per thread, its key base (redis_keys.thread_base, "ms:{tag}:"; the script
+# appends "summarized", the counters hash name ARGV[1] ("counters", or a rebuild's
+# "counters.gN") and, for the legacy claims, "counted:<offset>" + ARGV[3] ("" or ".gN"), as
+# redis_keys does). ARGV[4..] = per thread its messages as one string
+# "<offset> <tokens> <offset> <tokens> ...". Two arguments per thread instead of three per
+# message, and one script per batch, because packing a pipelined EVALSHA's arguments in
+# redis-py cost ~3x the script's own run time (docs/streams.md). The script spans threads,
+# so hash slots: memstream talks to one Redis/Valkey node (a Cluster client would have to
+# split a batch by slot). Returns one string (a list reply costs a readline per element in
+# redis-py), a part per thread joined by "|": "nowm" if its watermark is unknown, else
+# "<wm> <tokens> <messages> <tokens after> <messages after> <statuses>" with the counters
+# before its first message and after its last, and one status letter per message:
+# c(ounted), d(uplicate), s(ummarized already) (the counters after message i follow by
+# adding the counted ones up to i).
 _COUNT_MANY: Final = """
-local ttl = ARGV[1]
+local hname, maxgaps, csuffix = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local out = {}
 for j = 1, #KEYS do
   local base = KEYS[j]
-  local ck, pre = base .. 'counters', base .. 'counted:'
   local wm = redis.call('GET', base .. 'summarized')
   if not wm then
     out[j] = 'nowm'
   else
     wm = tonumber(wm)
-    local c = redis.call('HMGET', ck, 'tokens', 'messages')
+    local ck = base .. hname
+    local c = redis.call('HMGET', ck, 'tokens', 'messages', 'last', 'gaps')
     local t, m = tonumber(c[1]) or 0, tonumber(c[2]) or 0
-    local st, n, dt, dm = {}, 0, 0, 0
-    local words = string.gmatch(ARGV[j + 1], '%S+')
-    for off in words do
-      local tok = tonumber(words())
-      n = n + 1
-      if tonumber(off) <= wm then
-        st[n] = 's'
-      elseif not redis.call('SET', pre .. off, '1', 'NX', 'EX', ttl) then
-        st[n] = 'd'
-      else
-        st[n] = 'c'
-        dt = dt + tok; dm = dm + 1
+    local last = tonumber(c[3])
+    local legacy = false
+    if last == nil then
+      legacy = c[1] ~= false or c[2] ~= false
+      last = wm
+    elseif last < wm then
+      last = wm
+    end
+    local ga, gb, ng, dirty = {}, {}, 0, false
+    if c[4] and c[4] ~= '' then
+      for a, b in string.gmatch(c[4], '(%d+)-(%d+)') do
+        a, b = tonumber(a), tonumber(b)
+        if b > wm then
+          ng = ng + 1; ga[ng] = math.max(a, wm + 1); gb[ng] = b
+        else
+          dirty = true
+        end
       end
     end
+    local st, n, dt, dm = {}, 0, 0, 0
+    local words = string.gmatch(ARGV[j + 3], '%S+')
+    for w in words do
+      local off, tok = tonumber(w), tonumber(words())
+      local s = 'd'
+      n = n + 1
+      if off <= wm then
+        s = 's'
+      elseif legacy then
+        if redis.call('EXISTS', base .. 'counted:' .. w .. csuffix) == 0 then
+          legacy = false; last = off; s = 'c'
+        end
+      elseif off > last then
+        if off > last + 1 then
+          ng = ng + 1; ga[ng] = last + 1; gb[ng] = off - 1; dirty = true
+        end
+        last = off; s = 'c'
+      else
+        for i = 1, ng do
+          local a, b = ga[i], gb[i]
+          if off >= a and off <= b then
+            if a == b then
+              table.remove(ga, i); table.remove(gb, i); ng = ng - 1
+            elseif off == a then
+              ga[i] = a + 1
+            elseif off == b then
+              gb[i] = b - 1
+            else
+              gb[i] = off - 1
+              table.insert(ga, i + 1, off + 1); table.insert(gb, i + 1, b); ng = ng + 1
+            end
+            dirty = true; s = 'c'
+            break
+          end
+        end
+      end
+      if s == 'c' then dt = dt + tok; dm = dm + 1 end
+      st[n] = s
+    end
+    while ng > maxgaps do
+      table.remove(ga, 1); table.remove(gb, 1); ng = ng - 1
+    end
     if dm > 0 then
-      redis.call('HINCRBY', ck, 'tokens', dt)
-      redis.call('HINCRBY', ck, 'messages', dm)
+      redis.call('HSET', ck, 'tokens', t + dt, 'messages', m + dm, 'last', last)
+    end
+    if dirty then
+      if ng > 0 then
+        local parts = {}
+        for i = 1, ng do parts[i] = ga[i] .. '-' .. gb[i] end
+        redis.call('HSET', ck, 'gaps', table.concat(parts, ' '))
+      else
+        redis.call('HDEL', ck, 'gaps')
+      end
     end
     out[j] = string.format('%d %d %d %d %d ', wm, t, m, t + dt, m + dm) .. table.concat(st)
   end
@@ -167,13 +230,12 @@ return 0
 #: How long the watermark is kept; on expiry it is reloaded from the summary store.
 WATERMARK_TTL_S: Final = 7 * 24 * 3600
 
+#: The counters hash's name under a thread's key base (``redis_keys.counters``).
+COUNTERS: Final = "counters"
+#: Gap ranges kept per thread (see ``_COUNT_MANY``); more means records far out of order.
+MAX_GAPS: Final = 32
+
 CountStatus = Literal["counted", "duplicate", "summarized", "no_watermark"]
-_STATUS: Final[dict[int, CountStatus]] = {
-    1: "counted",
-    0: "duplicate",
-    -1: "summarized",
-    -2: "no_watermark",
-}
 _LETTER: Final[dict[str, CountStatus]] = {"c": "counted", "d": "duplicate", "s": "summarized"}
 
 #: One thread's messages for :meth:`ThreadState.count_threads`: ``(offset, tokens)``, in order.
@@ -207,7 +269,7 @@ class ThreadCount:
     statuses: str
 
     def results(self, steps: Steps) -> list[CountResult]:
-        """Per message, what :meth:`ThreadState.count_message` would have answered."""
+        """Per message: its status and the counters after it."""
         if not self.known:
             return [CountResult("no_watermark", 0, 0, -1) for _ in steps]
         t, m, wm = self.tokens, self.messages, self.watermark
@@ -246,7 +308,6 @@ class ThreadState:
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
-        self._count = redis.register_script(_COUNT)
         self._count_many = redis.register_script(_COUNT_MANY)
         self._claim_guard = redis.register_script(_CLAIM_GUARD)
         self._claim_guards = redis.register_script(_CLAIM_GUARDS)
@@ -255,57 +316,57 @@ class ThreadState:
         self._renew = redis.register_script(_RENEW)
 
     # --- counters ------------------------------------------------------------------------------
-    async def count_message(
-        self, ref: ThreadRef, offset: int, tokens: int, claim_ttl_s: int
-    ) -> CountResult:
-        """Claim message ``offset`` and add it to the counters, atomically."""
-        raw = await _call(
-            lambda: self._count(
-                keys=[
-                    redis_keys.counters(ref),
-                    redis_keys.message_claim(ref, offset),
-                    redis_keys.watermark(ref),
-                ],
-                args=[offset, max(0, tokens), claim_ttl_s],
-            ),
-            "counting a message",
-        )
-        status, t, m, wm = (int(x) for x in cast(list[int], raw))
-        return CountResult(_STATUS[status], t, m, wm)
-
     async def count_threads(
-        self, steps: Mapping[ThreadRef, Steps], claim_ttl_s: int
+        self,
+        steps: Mapping[ThreadRef, Steps],
+        *,
+        counters_name: str = COUNTERS,
+        legacy_claim_suffix: str = "",
     ) -> list[ThreadCount]:
-        """:meth:`count_message` for each thread's ``(offset, tokens)`` steps, in order; one
+        """Count each thread's ``(offset, tokens)`` steps, in order, into its counters; one
         :class:`ThreadCount` per thread, in ``steps`` order.
 
-        One atomic script for all of them, in one round trip; the outcome is that of calling
-        :meth:`count_message` one message at a time.
+        One atomic script for all of them, in one round trip. Each message is counted once
+        whatever the redeliveries (a per-thread high-water mark, with gaps for a thread's
+        records that come out of order; see ``_COUNT_MANY``); a message at or below the
+        watermark is never counted. ``counters_name`` names the hash under the thread's key
+        base (a rebuild counts into ``counters.gN``, ``legacy_claim_suffix`` ``.gN``: the
+        claims an older version wrote for it).
         """
         if not steps:
             return []
         keys = [redis_keys.thread_base(ref) for ref in steps]
-        args: list[int | str] = [claim_ttl_s]
+        args: list[int | str] = [counters_name, MAX_GAPS, legacy_claim_suffix]
         args += (" ".join(f"{o} {max(0, t)}" for o, t in s) for s in steps.values())
         raw = await _call(lambda: self._count_many(keys=keys, args=args), "counting messages")
         reply = raw.decode() if isinstance(raw, bytes) else str(raw)
         return [_thread_count(part) for part in reply.split("|")]
 
     async def count_messages(
-        self, items: Sequence[tuple[ThreadRef, int, int]], claim_ttl_s: int
+        self, items: Sequence[tuple[ThreadRef, int, int]]
     ) -> list[CountResult]:
-        """:meth:`count_message` for each ``(ref, offset, tokens)``; results in ``items`` order
+        """Count each ``(ref, offset, tokens)``; results in ``items`` order
         (:meth:`count_threads` over the items grouped by thread, order kept in each)."""
         by_thread: dict[ThreadRef, list[int]] = {}
         for i, (ref, _, _) in enumerate(items):
             by_thread.setdefault(ref, []).append(i)
         groups = {ref: [(items[i][1], items[i][2]) for i in idx] for ref, idx in by_thread.items()}
-        counts = await self.count_threads(groups, claim_ttl_s)
+        counts = await self.count_threads(groups)
         out: list[CountResult | None] = [None] * len(items)
         for (ref, idx), c in zip(by_thread.items(), counts, strict=True):
             for i, r in zip(idx, c.results(groups[ref]), strict=True):
                 out[i] = r
         return [r for r in out if r is not None]
+
+    async def count_mark(self, ref: ThreadRef) -> tuple[int | None, str]:
+        """The thread's high-water mark (highest offset counted; None if the counters have
+        none) and its gaps (``"a-b a-b"``; empty for none)."""
+        raw = await _call(
+            lambda: self._redis.hmget(redis_keys.counters(ref), ["last", "gaps"]),
+            "reading the count mark",
+        )
+        last, gaps = cast(list[bytes | None], raw)
+        return (int(last) if last is not None else None), (gaps or b"").decode()
 
     async def counters(self, ref: ThreadRef) -> tuple[int, int]:
         """``(tokens, messages)`` since the last summary."""

@@ -10,9 +10,10 @@ Generation names (generation 1 is what a fresh deployment starts with):
   uses the environment ``<environment>.vN`` in that name, so every account's collection
   has a fresh twin. The switch sets the live :class:`MemoryIndex`'s ``environment``.
 - ``counters`` (Redis): a thread's threshold counters are rebuilt into
-  ``ms:{thread}:counters.gN`` with replay-own message claims; the switch renames each rebuilt
-  hash over the live one (atomic per thread; a thread whose messages are all summarized has
-  its live counters deleted). Messages at or below a thread's summarized watermark are not
+  ``ms:{thread}:counters.gN`` by the live processor's count script (with its own count mark
+  in that hash); the switch renames each rebuilt hash over the live one, counters and mark
+  together (atomic per thread; a thread whose messages are all summarized has its live
+  counters deleted). Messages at or below a thread's summarized watermark are not
   counted, as in the live processor; a replay never publishes ``summary.requested`` (the next
   live message of a thread past its thresholds asks for the summary).
 """
@@ -29,7 +30,7 @@ import redis.asyncio as aioredis
 from memstream.errors import InvalidRequest
 from memstream.infra import redis_keys
 from memstream.infra.summary_store import SummaryStore
-from memstream.infra.thread_state import ThreadState
+from memstream.infra.thread_state import COUNTERS, ThreadState
 from memstream.projections.memory_index.index import MemoryIndex
 from memstream.projections.memory_index.layout import collection_name
 from memstream.projections.memory_index.rules import op_for_event
@@ -198,22 +199,6 @@ class MemorySink:
             await self.live.backend.drop_collection(collection_name(account, env))
 
 
-# Count one message into the rebuilt counters: KEYS rebuilt hash, replay claim, live watermark,
-# live claim; ARGV offset, tokens, claim ttl. Returns 1 counted, 0 already counted,
-# -1 summarized, -2 no watermark (load it from the summary store, then call again). The live
-# claim is set too, so a live processor that meets the message after the hand-over (it was
-# waiting at the gate) does not count it a second time into the rebuilt counters.
-_REPLAY_COUNT: Final = """
-local wm = redis.call('GET', KEYS[3])
-if not wm then return -2 end
-if tonumber(ARGV[1]) <= tonumber(wm) then return -1 end
-redis.call('SET', KEYS[4], '1', 'EX', ARGV[3])
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return 0 end
-redis.call('HINCRBY', KEYS[1], 'tokens', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'messages', 1)
-return 1
-"""
-
 # KEYS rebuilt hash, live hash. The rebuilt counters replace the live ones (or none remain).
 _SWITCH: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -230,27 +215,15 @@ class CountersSink:
 
     name = "counters"
 
-    def __init__(
-        self,
-        redis: aioredis.Redis,
-        summaries: SummaryStore,
-        *,
-        claim_ttl_s: int = 7 * 24 * 3600,
-    ) -> None:
+    def __init__(self, redis: aioredis.Redis, summaries: SummaryStore) -> None:
         self.redis = redis
         self.summaries = summaries
         self.state = ThreadState(redis)
-        self.claim_ttl = claim_ttl_s
-        self._count = redis.register_script(_REPLAY_COUNT)
         self._switch = redis.register_script(_SWITCH)
 
     @staticmethod
     def rebuilt_key(ref: ThreadRef, generation: int) -> str:
-        return f"{redis_keys.counters(ref)}.g{generation}"
-
-    @staticmethod
-    def _claim_key(ref: ThreadRef, generation: int, offset: int) -> str:
-        return f"{redis_keys.message_claim(ref, offset)}.g{generation}"
+        return redis_keys.thread_base(ref) + _rebuilt_name(generation)
 
     def _threads_key(self, generation: int) -> str:
         return f"{redis_keys.PREFIX}:replay:counters.g{generation}:threads"
@@ -271,31 +244,37 @@ class CountersSink:
         await self.redis.delete(self._threads_key(generation))
 
     async def apply(self, generation: int, events: Sequence[Envelope]) -> tuple[int, int]:
-        written = dups = 0
+        groups: dict[ThreadRef, list[tuple[int, int]]] = {}
         for env in events:
             if env.type != "message.appended":
                 continue
             msg = message_of(env)
             ref = ThreadRef(msg.account_id, msg.agent_id, msg.thread_id)
-            keys = [
-                self.rebuilt_key(ref, generation),
-                self._claim_key(ref, generation, msg.offset),
-                redis_keys.watermark(ref),
-                redis_keys.message_claim(ref, msg.offset),
-            ]
-            args = [msg.offset, max(0, msg.token_count), self.claim_ttl]
-            status = int(await self._count(keys=keys, args=args))
-            if status == -2:
+            groups.setdefault(ref, []).append((msg.offset, msg.token_count))
+        if not groups:
+            return 0, 0
+        # The live processor's count, into the rebuilt hash: its count mark comes with it
+        # (and replaces the live one at the switch, so what the live processor meets again
+        # after the hand-over is a duplicate); a redelivered batch after a resume is a no-op.
+        name, suffix = _rebuilt_name(generation), f".g{generation}"
+        counts = await self.state.count_threads(
+            groups, counters_name=name, legacy_claim_suffix=suffix
+        )
+        lost = [ref for ref, c in zip(groups, counts, strict=True) if not c.known]
+        if lost:
+            marks = {}
+            for ref in lost:
                 current = await self.summaries.get_stored(ref)
-                await self.state.init_watermark(
-                    ref, current.last_message_offset if current is not None else -1
-                )
-                status = int(await self._count(keys=keys, args=args))
-            await self.redis.sadd(self._threads_key(generation), ref.key)
-            if status == 1:
-                written += 1
-            elif status == 0:
-                dups += 1
+                marks[ref] = current.last_message_offset if current is not None else -1
+            await self.state.init_watermarks(marks)
+            again = await self.state.count_threads(
+                {ref: groups[ref] for ref in lost}, counters_name=name, legacy_claim_suffix=suffix
+            )
+            redone = dict(zip(lost, again, strict=True))
+            counts = [redone.get(ref, c) for ref, c in zip(groups, counts, strict=True)]
+        await self.redis.sadd(self._threads_key(generation), *(ref.key for ref in groups))
+        written = sum(c.statuses.count("c") for c in counts)
+        dups = sum(c.statuses.count("d") for c in counts)
         return written, dups
 
     async def switch(self, generation: int) -> None:
@@ -309,6 +288,11 @@ class CountersSink:
 
     async def drop(self, generation: int) -> None:
         return None  # the switch renamed the rebuilt counters over the old ones
+
+
+def _rebuilt_name(generation: int) -> str:
+    """The rebuilt counters hash's name under a thread's key base (``counters.gN``)."""
+    return f"{COUNTERS}.g{generation}"
 
 
 def _ref_of(raw: bytes | str) -> ThreadRef:

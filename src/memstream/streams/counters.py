@@ -2,9 +2,9 @@
 
 Consumes ``journal`` (``message.appended``; other events are ignored) in batches of up to
 :data:`BATCH_MAX` records, undecoded (``raw``): :func:`read_step` reads only the fields
-counting needs. For each message it claims the message and adds its recorded
-``token_count`` to the thread's two counters in one atomic Redis step; a batch's steps go to
-Redis as one script, each thread's in log order
+counting needs. For each message it adds its recorded ``token_count`` to the thread's two
+counters unless the thread's count mark says it was counted already, in one atomic Redis
+step; a batch's steps go to Redis as one script, each thread's in log order
 (:meth:`~memstream.infra.thread_state.ThreadState.count_threads`). Then it applies the pure
 rule (:func:`~memstream.streams.thresholds.should_summarize`) to each message's result (only
 for threads whose counters after the batch reach a threshold: the counters only grow within
@@ -15,8 +15,10 @@ which gives the same answers as claiming them one message at a time).
 
 Guarantees:
 
-- A redelivered or replayed message is a no-op for the counters (per-message claim), and a
-  message already folded into a summary (at or below the watermark) is never counted.
+- A redelivered or replayed message is a no-op for the counters, however late it comes (the
+  thread's high-water mark of counted offsets, with the gaps below it, kept with the counters
+  and without expiry), and a message already folded into a summary (at or below the
+  watermark) is never counted.
 - One request per crossing: the guard holds the span end until the summary is written (or
   the guard expires, so a lost request is asked again by the next message). A crash between
   taking the guard and publishing is repaired by the redelivery of the same message, which
@@ -24,8 +26,8 @@ Guarantees:
 - The counters are reset by the summarizer when the summary is written, by subtracting the
   summarized span (messages counted meanwhile stay counted).
 - A batch returns only after every request it produced was acknowledged by the broker; if
-  anything fails the whole batch is handed over again, which the claims make a no-op apart
-  from re-publishing the same requests.
+  anything fails the whole batch is handed over again, which the count mark makes a no-op
+  apart from re-publishing the same requests.
 """
 
 from __future__ import annotations
@@ -162,13 +164,11 @@ class CountersProcessor(Processor):
         state: ThreadState,
         summaries: SummaryStore,
         *,
-        claim_ttl_s: int,
         guard_ttl_s: int,
         clock: Clock | None = None,
     ) -> None:
         self._state = state
         self._summaries = summaries
-        self._claim_ttl = claim_ttl_s
         self._guard_ttl = guard_ttl_s
         self._clock = clock or SystemClock()
         self._ctx: ProcessorContext | None = None
@@ -256,7 +256,7 @@ class CountersProcessor(Processor):
         reload the watermarks Redis lost, claim guards)."""
         if not groups:
             return []
-        counts = await self._state.count_threads(groups, self._claim_ttl)
+        counts = await self._state.count_threads(groups)
         lost = [ref for ref, c in zip(groups, counts, strict=True) if not c.known]
         if lost:
             # First sight of these threads since Redis was (re)started: learn what is
@@ -269,9 +269,7 @@ class CountersProcessor(Processor):
                 return ref, current.last_message_offset if current is not None else -1
 
             await self._state.init_watermarks(dict(await asyncio.gather(*map(load, lost))))
-            again = await self._state.count_threads(
-                {ref: groups[ref] for ref in lost}, self._claim_ttl
-            )
+            again = await self._state.count_threads({ref: groups[ref] for ref in lost})
             redone = dict(zip(lost, again, strict=True))
             counts = [redone.get(ref, c) for ref, c in zip(groups, counts, strict=True)]
         candidates: list[_Counted] = []

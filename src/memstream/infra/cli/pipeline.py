@@ -137,7 +137,6 @@ def processor_factories(stack: Stack) -> dict[str, Callable[[], Processor]]:
         return CountersProcessor(
             state,
             summaries,
-            claim_ttl_s=s.counter_claim_ttl_s,
             guard_ttl_s=s.summary_guard_ttl_s,
             clock=stack.clock,
         )

@@ -45,9 +45,7 @@ async def attach_replay(stack: Stack) -> Stopper:
     if stack.memory_index is not None:
         sinks["memory"] = MemorySink(stack.memory_index, s.environment)
     if svc.summary_store is not None:
-        sinks["counters"] = CountersSink(
-            stack.redis, svc.summary_store, claim_ttl_s=s.counter_claim_ttl_s
-        )
+        sinks["counters"] = CountersSink(stack.redis, svc.summary_store)
     hub = ReplayHub(
         state=ReplayStateStore(stack.pool),
         sinks=sinks,
