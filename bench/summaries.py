@@ -1,22 +1,38 @@
-"""Bench: thread-memory counters throughput vs the raw consume rate, and crossing-message ->
-summary.written latency with the offline summarizer.
+"""Bench: thread-memory counters throughput vs the raw consume rate, before (an earlier
+commit's counters code) and after (this tree's), and crossing-message -> summary.written
+latency with the offline summarizer.
 
 Runs on embedded servers (Kafka via the suite's choice: Apache Kafka or Tansu, Valkey, a
 SlateDB journal and an obstore folder in a temp dir). Prints figures and ratios; asserts
-nothing. Usage: ``python bench/summaries.py [--threads 100] [--latency-threads 20]``.
-Throughput is measured twice: threads new to Redis (each costs a watermark load) and threads
-Redis already knows.
+nothing. Usage: ``python bench/summaries.py [--threads 1000] [--rounds 3] [--before REF]
+[--latency-threads 20]``.
+
+Throughput is measured for threads new to Redis (each costs a watermark load) and threads
+Redis already knows, each on a fresh topic whose raw consume (aiokafka ``getmany``) is timed
+right before, so every ratio compares two reads of the same records a few seconds apart.
+``--before REF`` (default ``faff411``, the commit before the count mark) loads that commit's
+``streams/counters.py`` and ``infra/thread_state.py`` from git beside this tree's; the
+variants run interleaved, their order rotating by round. Besides the rates: this process's
+CPU per message, Valkey's CPU per message (``INFO cpu``) and its script time per message
+(``INFO commandstats``, ``evalsha``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -35,8 +51,38 @@ from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Message, NewMessage, ThreadRef
 from memstream.schemas.topics import Topics
 from memstream.streams.counters import CountersProcessor
+from memstream.streams.processor import Processor
 from memstream.streams.runner import Runner
 from memstream.streams.summarizer import SummarizerProcessor
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def load_before(ref: str) -> tuple[ModuleType, ModuleType]:
+    """``(thread_state, counters)`` modules of commit ``ref``, loaded from git under their own
+    names (they import the rest of memstream from this tree, unchanged between the two)."""
+    folder = Path(tempfile.mkdtemp(prefix="before-"))
+    mods = []
+    for name, path in (
+        ("thread_state", "src/memstream/infra/thread_state.py"),
+        ("counters", "src/memstream/streams/counters.py"),
+    ):
+        text = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{ref}:{path}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        file = folder / f"before_{name}.py"
+        file.write_text(text)
+        spec = importlib.util.spec_from_file_location(f"before_{name}", file)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        mods.append(mod)
+    return mods[0], mods[1]
 
 
 async def publish(bootstrap: str, topic: str, msgs: list[Message]) -> None:
@@ -65,7 +111,24 @@ async def raw_consume_rate(bootstrap: str, topic: str, n: int) -> tuple[float, f
         await consumer.stop()
 
 
-async def main(threads: int, latency_threads: int) -> None:
+async def valkey_cpu_s(redis: aioredis.Redis) -> float:
+    info = await redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def script_usec(redis: aioredis.Redis) -> float:
+    """Server time spent in EVALSHA since the last ``CONFIG RESETSTAT`` (µs)."""
+    info = await redis.info("commandstats")
+    return float(info.get("cmdstat_evalsha", {}).get("usec", 0))
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.1f}/{five:.1f}"
+
+
+async def main(threads: int, latency_threads: int, rounds: int, before_ref: str) -> None:
+    before_state_mod, before_counters_mod = load_before(before_ref)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         kind = choose_broker("auto")
@@ -80,6 +143,17 @@ async def main(threads: int, latency_threads: int) -> None:
         try:
             store = SummaryStore(LocalStore(prefix=root / "objects", mkdir=True), redis)
             state = ThreadState(redis)
+            before_state = before_state_mod.ThreadState(redis)
+
+            def after() -> Processor:
+                return CountersProcessor(state, store, guard_ttl_s=600)
+
+            def before() -> Processor:
+                return before_counters_mod.CountersProcessor(  # type: ignore[no-any-return]
+                    before_state, store, claim_ttl_s=3600, guard_ttl_s=600
+                )
+
+            variants: dict[str, Callable[[], Processor]] = {"before": before, "after": after}
 
             async def fresh_topics() -> tuple[Topics, Settings]:
                 topics = Topics(prefix=f"b{uuid.uuid4().hex[:6]}.")
@@ -91,44 +165,45 @@ async def main(threads: int, latency_threads: int) -> None:
                     data_dir=root,
                 )
 
-            async def throughput(label: str, known: bool) -> None:
+            rows: list[dict[str, float | str]] = []
+
+            async def throughput(variant: str, known: bool, *, record: bool = True) -> None:
                 """Counters vs a raw consume of the same topic, for ``threads`` new threads.
 
                 ``known``: their watermarks are in Redis already (a running system's usual
                 case); otherwise each thread costs one watermark load from the summary store
                 (the first sight of a thread after a Redis restart: the worst case)."""
                 topics, settings = await fresh_topics()
-                msgs: list[Message] = []
-                for t in range(threads):
-                    ref = ThreadRef("bench", label, f"t{t}")
-                    if known:
-                        await state.init_watermark(ref, -1)
-                    msgs += await journal.append(
-                        ref,
-                        [
-                            NewMessage(role="user", content=f"message {i} of thread {t}")
-                            for i in range(49)
-                        ],
+                label = f"{variant}-{'known' if known else 'new'}-{uuid.uuid4().hex[:6]}"
+                refs = [ThreadRef("bench", label, f"t{t}") for t in range(threads)]
+                if known:
+                    await state.init_watermarks(dict.fromkeys(refs, -1))
+                # 49 per thread, interleaved like live traffic: no summary requested, pure
+                # counting.
+                msgs = [
+                    Message(
+                        account_id=ref.account_id,
+                        agent_id=ref.agent_id,
+                        thread_id=ref.thread_id,
+                        offset=i,
+                        message_id=f"{ref.thread_id}-{i}",
+                        role="user",
+                        content=f"message {i} of thread {ref.thread_id}",
+                        created_at=T0,
+                        token_count=9,
                     )
-                # 49 per thread: no summary requested, pure counting.
+                    for i in range(49)
+                    for ref in refs
+                ]
                 n = len(msgs)
                 await publish(kafka.address, topics.journal, msgs)
                 raw, raw_cpu = await raw_consume_rate(kafka.address, topics.journal, n)
                 metrics = make_metrics()
                 runner = Runner(
-                    settings,
-                    {
-                        "counters": lambda: CountersProcessor(
-                            state, store, claim_ttl_s=3600, guard_ttl_s=600
-                        )
-                    },
-                    metrics,
-                    lag_interval_s=None,
+                    settings, {"counters": variants[variant]}, metrics, lag_interval_s=None
                 )
-                started = time.perf_counter()
                 await runner.start()
                 await runner.wait_ready(60)
-                join = time.perf_counter() - started
                 handled = {"processor": "counters", "topic": topics.journal}
 
                 def done_so_far() -> float:
@@ -139,42 +214,77 @@ async def main(threads: int, latency_threads: int) -> None:
                 # batch, like the raw consume (which has no group join or offset lookup).
                 while done_so_far() == 0:
                     await asyncio.sleep(0.002)
+                await redis.config_resetstat()
                 started, first, cpu = time.perf_counter(), done_so_far(), time.process_time()
+                server = await valkey_cpu_s(redis)
                 while done_so_far() < n:
                     await asyncio.sleep(0.01)
-                counted = (n - first) / (time.perf_counter() - started)
+                wall = time.perf_counter() - started
+                counted = (n - first) / wall
                 # CPU of this process only (the processor's Python side; Redis and the broker
                 # are other processes): steadier than wall time on a shared machine.
                 counted_cpu = (time.process_time() - cpu) / (n - first) * 1e6
+                server_cpu = (await valkey_cpu_s(redis) - server) / (n - first) * 1e6
+                scripts = await script_usec(redis) / (n - first)
                 await runner.stop()
                 done = 0
-                for t in range(threads):
-                    done += (await state.counters(ThreadRef("bench", label, f"t{t}")))[1]
+                for ref in refs:
+                    done += (await state.counters(ref))[1]
                 if done != n:
                     print(f"WARNING: counters hold {done} messages, expected {n}")
-                what = "known to Redis" if known else "new to Redis (watermark loads)"
-                print(f"{label}: {n} message.appended events, {threads} threads {what}")
+                row: dict[str, float | str] = {
+                    "variant": variant,
+                    "threads": "known" if known else "new",
+                    "raw": raw,
+                    "raw_cpu": raw_cpu,
+                    "rate": counted,
+                    "cpu": counted_cpu,
+                    "valkey_cpu": server_cpu,
+                    "script": scripts,
+                    "ratio": counted / raw,
+                    "load": load(),
+                }
+                if not record:
+                    return
+                rows.append(row)
                 print(
-                    f"  raw consume (aiokafka getmany): {raw:,.0f} msg/s, {raw_cpu:.1f} µs CPU/msg"
+                    f"  {variant:<6} {row['threads']:<5} raw {raw:>9,.0f} msg/s "
+                    f"({raw_cpu:4.1f} µs CPU)  counters {counted:>8,.0f} msg/s "
+                    f"({counted_cpu:4.1f} µs CPU, Valkey {server_cpu:4.1f} µs CPU, "
+                    f"scripts {scripts:4.1f} µs)  ratio {counted / raw:.3f}  load {row['load']}",
+                    flush=True,
                 )
-                print(
-                    f"  through counters: {counted:,.0f} msg/s, {counted_cpu:.1f} µs CPU/msg "
-                    f"(group join {join:.1f} s and the first batch excluded)"
-                )
-                print(f"  ratio counters/raw: {counted / raw:.3f}")
 
-            print(f"broker: {kind}")
-            # --- 1. throughput: counters vs raw consume --------------------------------------
-            await throughput("cold", known=False)
-            await throughput("warm", known=True)
+            print(f"broker: {kind}; {threads} threads x 49 messages; before = {before_ref}")
+            # warm-up (the first topic's first read is slow: connections, page cache)
+            await throughput("after", True, record=False)
+            # --- 1. throughput: counters vs raw consume, before and after, interleaved ------
+            plan = [(v, k) for k in (False, True) for v in ("before", "after")]
+            for r in range(rounds):
+                print(f"round {r + 1} (load {load()})", flush=True)
+                for variant, known in plan[r % len(plan) :] + plan[: r % len(plan)]:
+                    await throughput(variant, known)
+            print("median over rounds (ratio = counters / raw consume of the same topic):")
+            for known in ("new", "known"):
+                for variant in ("before", "after"):
+                    mine = [x for x in rows if x["variant"] == variant and x["threads"] == known]
+
+                    def med(key: str, mine: list[dict[str, float | str]] = mine) -> float:
+                        return statistics.median(float(x[key]) for x in mine)
+
+                    print(
+                        f"  {known:<5} threads, {variant:<6}: ratio {med('ratio'):.3f} "
+                        f"(min {min(float(x['ratio']) for x in mine):.3f}, max "
+                        f"{max(float(x['ratio']) for x in mine):.3f}), {med('rate'):,.0f} msg/s, "
+                        f"{med('cpu'):.1f} µs CPU/msg here, Valkey {med('valkey_cpu'):.1f} µs "
+                        f"CPU/msg, scripts {med('script'):.1f} µs/msg; raw {med('raw'):,.0f} msg/s"
+                    )
             # --- 2. latency: crossing message appended -> summary.written ---------------------
             topics, settings = await fresh_topics()
             runner = Runner(
                 settings,
                 {
-                    "counters": lambda: CountersProcessor(
-                        state, store, claim_ttl_s=3600, guard_ttl_s=600
-                    ),
+                    "counters": after,
                     "summarizer": lambda: SummarizerProcessor(
                         journal, state, store, ExtractiveSummaryModel(), token_budget=512
                     ),
@@ -220,7 +330,9 @@ async def main(threads: int, latency_threads: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1000)
     ap.add_argument("--latency-threads", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--before", default="faff411", help="git commit of the 'before' code")
     a = ap.parse_args()
-    asyncio.run(main(a.threads, a.latency_threads))
+    asyncio.run(main(a.threads, a.latency_threads, a.rounds, a.before))
