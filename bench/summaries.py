@@ -5,7 +5,7 @@ latency with the offline summarizer.
 Runs on embedded servers (Kafka via the suite's choice: Apache Kafka or Tansu, Valkey, a
 SlateDB journal and an obstore folder in a temp dir). Prints figures and ratios; asserts
 nothing. Usage: ``python bench/summaries.py [--threads 1000] [--rounds 3] [--before REF]
-[--latency-threads 20]``.
+[--interleave] [--latency-threads 20]``.
 
 Throughput is measured for threads new to Redis (each costs a watermark load) and threads
 Redis already knows, each on a fresh topic whose raw consume (aiokafka ``getmany``) is timed
@@ -127,7 +127,9 @@ def load() -> str:
     return f"{one:.1f}/{five:.1f}"
 
 
-async def main(threads: int, latency_threads: int, rounds: int, before_ref: str) -> None:
+async def main(
+    threads: int, latency_threads: int, rounds: int, before_ref: str, interleave: bool
+) -> None:
     before_state_mod, before_counters_mod = load_before(before_ref)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -178,8 +180,14 @@ async def main(threads: int, latency_threads: int, rounds: int, before_ref: str)
                 refs = [ThreadRef("bench", label, f"t{t}") for t in range(threads)]
                 if known:
                     await state.init_watermarks(dict.fromkeys(refs, -1))
-                # 49 per thread, interleaved like live traffic: no summary requested, pure
-                # counting.
+                order = (
+                    [(i, ref) for i in range(49) for ref in refs]
+                    if interleave
+                    else [(i, ref) for ref in refs for i in range(49)]
+                )
+                # 49 per thread (no summary requested, pure counting): a thread's 49 in a row,
+                # or with --interleave one message of every thread in turn (a batch then
+                # holds up to 500 threads: the most per-thread work per message)
                 msgs = [
                     Message(
                         account_id=ref.account_id,
@@ -192,8 +200,7 @@ async def main(threads: int, latency_threads: int, rounds: int, before_ref: str)
                         created_at=T0,
                         token_count=9,
                     )
-                    for i in range(49)
-                    for ref in refs
+                    for i, ref in order
                 ]
                 n = len(msgs)
                 await publish(kafka.address, topics.journal, msgs)
@@ -255,7 +262,11 @@ async def main(threads: int, latency_threads: int, rounds: int, before_ref: str)
                     flush=True,
                 )
 
-            print(f"broker: {kind}; {threads} threads x 49 messages; before = {before_ref}")
+            shape = "interleaved" if interleave else "each thread's in a row"
+            print(
+                f"broker: {kind}; {threads} threads x 49 messages ({shape}); "
+                f"before = {before_ref}; load {load()}"
+            )
             # warm-up (the first topic's first read is slow: connections, page cache)
             await throughput("after", True, record=False)
             # --- 1. throughput: counters vs raw consume, before and after, interleaved ------
@@ -265,15 +276,15 @@ async def main(threads: int, latency_threads: int, rounds: int, before_ref: str)
                 for variant, known in plan[r % len(plan) :] + plan[: r % len(plan)]:
                     await throughput(variant, known)
             print("median over rounds (ratio = counters / raw consume of the same topic):")
-            for known in ("new", "known"):
+            for kind_of in ("new", "known"):
                 for variant in ("before", "after"):
-                    mine = [x for x in rows if x["variant"] == variant and x["threads"] == known]
+                    mine = [x for x in rows if x["variant"] == variant and x["threads"] == kind_of]
 
                     def med(key: str, mine: list[dict[str, float | str]] = mine) -> float:
                         return statistics.median(float(x[key]) for x in mine)
 
                     print(
-                        f"  {known:<5} threads, {variant:<6}: ratio {med('ratio'):.3f} "
+                        f"  {kind_of:<5} threads, {variant:<6}: ratio {med('ratio'):.3f} "
                         f"(min {min(float(x['ratio']) for x in mine):.3f}, max "
                         f"{max(float(x['ratio']) for x in mine):.3f}), {med('rate'):,.0f} msg/s, "
                         f"{med('cpu'):.1f} µs CPU/msg here, Valkey {med('valkey_cpu'):.1f} µs "
@@ -334,5 +345,6 @@ if __name__ == "__main__":
     ap.add_argument("--latency-threads", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before", default="faff411", help="git commit of the 'before' code")
+    ap.add_argument("--interleave", action="store_true", help="threads' messages in turn")
     a = ap.parse_args()
-    asyncio.run(main(a.threads, a.latency_threads, a.rounds, a.before))
+    asyncio.run(main(a.threads, a.latency_threads, a.rounds, a.before, a.interleave))

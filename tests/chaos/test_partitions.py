@@ -8,9 +8,9 @@ What the system must do when an operator raises a topic's partition count (Kafka
   threads that now hash there, the groups rebalance and read them from their start;
 - per-thread order holds inside each partition; at the switch a thread's later records land
   in its new partition and may be applied before the old partition's tail, which every
-  processor tolerates (counters claim each message, the summarizer reads its span from the
-  journal, the message projector keys rows by thread and offset, the memory projector
-  checks entry versions);
+  processor tolerates (the counters' count mark keeps the skipped offsets as gaps, the
+  summarizer reads its span from the journal, the message projector keys rows by thread and
+  offset, the memory projector checks entry versions);
 - lag and the projection gap cover the new partitions (a partition no group committed yet
   counts as lag from its start), so convergence means every record of every partition;
 - nothing is lost or doubled in any store, and every summary version is written once.
