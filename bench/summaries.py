@@ -11,8 +11,9 @@ Throughput is measured for threads new to Redis (each costs a watermark load) an
 Redis already knows, each on a fresh topic whose raw consume (aiokafka ``getmany``) is timed
 right before, so every ratio compares two reads of the same records a few seconds apart.
 ``--before REF`` (default ``faff411``, the commit before the count mark) loads that commit's
-``streams/counters.py`` and ``infra/thread_state.py`` from git beside this tree's; the
-variants run interleaved, their order rotating by round. Besides the rates: this process's
+``streams/counters.py``, ``infra/thread_state.py`` and the consume loop's record constructor
+(``streams/consumer.raw_record``) from git beside this tree's; the variants run interleaved,
+their order rotating by round. Besides the rates: this process's
 CPU per message, Valkey's CPU per message (``INFO cpu``) and its script time per message
 (``INFO commandstats``, ``evalsha``).
 """
@@ -50,6 +51,7 @@ from memstream.infra.thread_state import ThreadState
 from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Message, NewMessage, ThreadRef
 from memstream.schemas.topics import Topics
+from memstream.streams import consumer as consumer_mod
 from memstream.streams.counters import CountersProcessor
 from memstream.streams.processor import Processor
 from memstream.streams.runner import Runner
@@ -59,14 +61,15 @@ REPO = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def load_before(ref: str) -> tuple[ModuleType, ModuleType]:
-    """``(thread_state, counters)`` modules of commit ``ref``, loaded from git under their own
-    names (they import the rest of memstream from this tree, unchanged between the two)."""
+def load_before(ref: str) -> tuple[ModuleType, ModuleType, ModuleType]:
+    """``(thread_state, counters, consumer)`` modules of commit ``ref``, loaded from git under
+    their own names (they import the rest of memstream from this tree)."""
     folder = Path(tempfile.mkdtemp(prefix="before-"))
     mods = []
     for name, path in (
         ("thread_state", "src/memstream/infra/thread_state.py"),
         ("counters", "src/memstream/streams/counters.py"),
+        ("consumer", "src/memstream/streams/consumer.py"),
     ):
         text = subprocess.run(
             ["git", "-C", str(REPO), "show", f"{ref}:{path}"],
@@ -82,7 +85,7 @@ def load_before(ref: str) -> tuple[ModuleType, ModuleType]:
         sys.modules[spec.name] = mod
         spec.loader.exec_module(mod)
         mods.append(mod)
-    return mods[0], mods[1]
+    return mods[0], mods[1], mods[2]
 
 
 async def publish(bootstrap: str, topic: str, msgs: list[Message]) -> None:
@@ -130,7 +133,10 @@ def load() -> str:
 async def main(
     threads: int, latency_threads: int, rounds: int, before_ref: str, interleave: bool
 ) -> None:
-    before_state_mod, before_counters_mod = load_before(before_ref)
+    before_state_mod, before_counters_mod, before_consumer_mod = load_before(before_ref)
+    # the runtime's record constructor changed too: each variant runs with its own (the
+    # consume loop looks raw_record up in its module at every poll)
+    record_of = {"before": before_consumer_mod.raw_record, "after": consumer_mod.raw_record}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         kind = choose_broker("auto")
@@ -206,6 +212,7 @@ async def main(
                 await publish(kafka.address, topics.journal, msgs)
                 raw, raw_cpu = await raw_consume_rate(kafka.address, topics.journal, n)
                 metrics = make_metrics()
+                consumer_mod.raw_record = record_of[variant]
                 runner = Runner(
                     settings, {"counters": variants[variant]}, metrics, lag_interval_s=None
                 )

@@ -13,7 +13,7 @@ from memstream.streams.consumer import (
     lowest_offsets,
     raw_record,
 )
-from memstream.streams.processor import RawRecord
+from memstream.streams.processor import EventMeta, RawRecord, new_raw_record
 
 
 def rec(partition: int, offset: int, value: bytes | None = b"v") -> ConsumerRecord[bytes, bytes]:
@@ -42,6 +42,13 @@ def test_a_record_keeps_its_origin_and_gets_seconds() -> None:
     )
     assert r.meta.timestamp == 1_700_000_000.123
     assert r.value == b""  # a tombstone reaches the dispatcher as bytes (and is dead-lettered)
+
+
+def test_the_fast_record_constructor_builds_what_the_dataclasses_build() -> None:
+    args = ("t.journal", 3, 42, None, None, "counters", b"v")
+    fast = new_raw_record(*args)
+    assert fast == RawRecord(EventMeta(*args[:6]), b"v")
+    assert hash(fast) == hash(RawRecord(EventMeta(*args[:6]), b"v"))
 
 
 def test_group_names_drop_the_prefix_separator() -> None:

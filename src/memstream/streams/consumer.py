@@ -83,12 +83,12 @@ from memstream.streams.processor import (
     RETRY_FOR_HEADER,
     DependencyDown,
     Dispatcher,
-    EventMeta,
     Processor,
     ProcessorContext,
     Publish,
     RawRecord,
     RetryPolicy,
+    new_raw_record,
 )
 
 __all__ = [
@@ -131,19 +131,20 @@ def raw_record(rec: ConsumerRecord[bytes, bytes]) -> RawRecord:
     :class:`RawRecord`; the timestamp in epoch seconds."""
     ts = rec.timestamp
     retry_for = None
-    for name, value in rec.headers or ():
-        if name == RETRY_FOR_HEADER and value:
-            retry_for = value.decode("utf-8", "replace")
-    return RawRecord(
-        EventMeta(
-            rec.topic,
-            rec.partition,
-            rec.offset,
-            rec.key,
-            ts / 1000.0 if ts is not None else None,
-            retry_for,
-        ),
-        rec.value if rec.value is not None else b"",
+    headers = rec.headers
+    if headers:
+        for name, value in headers:
+            if name == RETRY_FOR_HEADER and value:
+                retry_for = value.decode("utf-8", "replace")
+    value = rec.value
+    return new_raw_record(
+        rec.topic,
+        rec.partition,
+        rec.offset,
+        rec.key,
+        ts / 1000.0 if ts is not None else None,
+        retry_for,
+        value if value is not None else b"",
     )
 
 
