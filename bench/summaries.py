@@ -9,7 +9,9 @@ nothing. Usage: ``python bench/summaries.py [--threads 1000] [--rounds 3] [--bef
 
 Throughput is measured for threads new to Redis (each costs a watermark load) and threads
 Redis already knows, each on a fresh topic whose raw consume (aiokafka ``getmany``) is timed
-right before, so every ratio compares two reads of the same records a few seconds apart.
+right before and right after, so every ratio compares reads of the same records seconds
+apart (the ratio is to their mean; the CPU ratio, raw consume's CPU per message over the
+processor's, moves less with the load).
 ``--before REF`` (default ``faff411``, the commit before the count mark) loads that commit's
 ``streams/counters.py``, ``infra/thread_state.py`` and the consume loop's record constructor
 (``streams/consumer.raw_record``) from git beside this tree's; the variants run interleaved,
@@ -241,6 +243,10 @@ async def main(
                 server_cpu = (await valkey_cpu_s(redis) - server) / (n - first) * 1e6
                 scripts = await script_usec(redis) / (n - first)
                 await runner.stop()
+                # the raw consume again, right after: the box's load moves within seconds,
+                # so the ratio is to the mean of the reads either side
+                raw2, raw_cpu2 = await raw_consume_rate(kafka.address, topics.journal, n)
+                raw, raw_cpu = (raw + raw2) / 2, (raw_cpu + raw_cpu2) / 2
                 done = 0
                 for ref in refs:
                     done += (await state.counters(ref))[1]
@@ -256,6 +262,7 @@ async def main(
                     "valkey_cpu": server_cpu,
                     "script": scripts,
                     "ratio": counted / raw,
+                    "cpu_ratio": raw_cpu / counted_cpu,
                     "load": load(),
                 }
                 if not record:
@@ -265,7 +272,8 @@ async def main(
                     f"  {variant:<6} {row['threads']:<5} raw {raw:>9,.0f} msg/s "
                     f"({raw_cpu:4.1f} µs CPU)  counters {counted:>8,.0f} msg/s "
                     f"({counted_cpu:4.1f} µs CPU, Valkey {server_cpu:4.1f} µs CPU, "
-                    f"scripts {scripts:4.1f} µs)  ratio {counted / raw:.3f}  load {row['load']}",
+                    f"scripts {scripts:4.1f} µs)  ratio {counted / raw:.3f} (CPU "
+                    f"{raw_cpu / counted_cpu:.2f})  load {row['load']}",
                     flush=True,
                 )
 
@@ -282,7 +290,10 @@ async def main(
                 print(f"round {r + 1} (load {load()})", flush=True)
                 for variant, known in plan[r % len(plan) :] + plan[: r % len(plan)]:
                     await throughput(variant, known)
-            print("median over rounds (ratio = counters / raw consume of the same topic):")
+            print(
+                "median over rounds (ratio = counters / raw consume of the same topic, read "
+                "just before and after; CPU ratio = raw µs CPU/msg / counters µs CPU/msg):"
+            )
             for kind_of in ("new", "known"):
                 for variant in ("before", "after"):
                     mine = [x for x in rows if x["variant"] == variant and x["threads"] == kind_of]
@@ -293,7 +304,8 @@ async def main(
                     print(
                         f"  {kind_of:<5} threads, {variant:<6}: ratio {med('ratio'):.3f} "
                         f"(min {min(float(x['ratio']) for x in mine):.3f}, max "
-                        f"{max(float(x['ratio']) for x in mine):.3f}), {med('rate'):,.0f} msg/s, "
+                        f"{max(float(x['ratio']) for x in mine):.3f}), CPU ratio "
+                        f"{med('cpu_ratio'):.2f}, {med('rate'):,.0f} msg/s, "
                         f"{med('cpu'):.1f} µs CPU/msg here, Valkey {med('valkey_cpu'):.1f} µs "
                         f"CPU/msg, scripts {med('script'):.1f} µs/msg; raw {med('raw'):,.0f} msg/s"
                     )
