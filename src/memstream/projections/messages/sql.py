@@ -19,13 +19,16 @@ Tables (database configurable, ``memstream`` by default):
   on the message key plus the embedding ``model``; a vector is derived from its message's
   text, so it is erased with the thread.
 - ``thread_users``: the set of users who wrote in each thread, ``ReplacingMergeTree`` on
-  ``(account_id, agent_id, thread_id, user_id)``. It decides privacy (see :func:`search_sql`).
+  ``(account_id, agent_id, thread_id, user_id)``. It decides privacy (see :func:`visible_threads_filter`).
 
 Matching and ranking (docs/transcript-search.md): the ``terms`` column holds each message's
-analysed terms (:mod:`memstream.projections.analyzer`, computed by ClickHouse at insert) with
-a ``text`` index; a message matches when it shares *any* query term, and is scored by BM25
-(k1 :data:`BM25_K1`, b :data:`BM25_B`) over the caller's agent, plus a proximity bonus when
-consecutive query terms appear close together and in order; ties go to the newest.
+analysed terms (:mod:`memstream.projections.analyzer`, computed by ClickHouse at insert);
+their posting lists (``message_terms``) and the ranked search's SQL are in
+:mod:`memstream.projections.messages.postings`, its rules in
+:mod:`memstream.projections.messages.ranking`. A message matches when it shares *any* query
+term, and is scored by BM25 (k1 :data:`BM25_K1`, b :data:`BM25_B`) over the caller's agent,
+plus a proximity bonus when consecutive query terms appear close together and in order;
+ties go to the newest.
 """
 
 from __future__ import annotations
@@ -168,7 +171,7 @@ class SearchSpec:
     """The query as asked (for the dense side's query vector); empty: lexical only."""
 
 
-def _visible_threads_filter(db: str, one_thread: bool) -> str:
+def visible_threads_filter(db: str, one_thread: bool) -> str:
     # A thread is private when any of its messages carries a user: it is then visible only
     # to those users. Threads whose messages carry no user are visible to every caller of
     # the agent. A caller without a user ('' here) sees only threads nobody owns.
@@ -190,84 +193,6 @@ WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
 SETTINGS optimize_functions_to_subcolumns = 1"""
 
 
-def search_sql(
-    database: str, spec: SearchSpec, stats: tuple[float, float] = (0.0, 1.0)
-) -> tuple[str, dict[str, SqlParam]]:
-    """The ranked search. Rows: thread_id, offset, created_at (epoch ms), relevance, then the
-    score parts (bm25, proximity, per-term tf and df, message length, average length,
-    messages counted). At most one row per (thread, offset) even before merges. Keys only:
-    the text of the few rows returned is read after (:func:`messages_by_key_sql`), not that
-    of every candidate the scoring reads (at 200k messages, one to two words over all
-    threads, the candidates' content cost ~30 % of the query: p50 70.7 -> 49.1 ms).
-
-    Matching is OR: the text index finds every visible message holding any query term.
-    Term statistics are exact for the query: a message holding a term is a candidate, so the
-    document frequency of each term is counted over the (deduplicated) candidates; the
-    collection size and average length are the agent's (``stats``, from
-    :func:`collection_stats_sql`, cached by the store: all its messages, private threads
-    included as counts only -- no text of theirs is read or returned).
-    """
-    db = check_database(database)
-    thread_filter = "AND thread_id = {thread_id:String}" if spec.thread_id is not None else ""
-    tenant = "account_id = {account_id:String} AND agent_id = {agent_id:String}"
-    sql = f"""WITH {{n_docs:Float64}} AS n_docs, greatest({{avg_len:Float64}}, 1.0) AS avg_len
-SELECT thread_id, `offset`, created_ms, relevance,
-       bm25, proximity, tf, df, doc_len, avg_len, n_docs
-FROM (
-    SELECT *,
-        arrayCount((a, b) -> arrayExists(
-                       (x, i) -> x = a AND has(arraySlice(terms, i + 1, {PROXIMITY_WINDOW}), b),
-                       terms, arrayEnumerate(terms)),
-                   {{pair_a:Array(String)}}, {{pair_b:Array(String)}})
-          / greatest(length({{pair_a:Array(String)}}), 1) AS proximity,
-        bm25 * (1 + {PROXIMITY_BOOST} * proximity) AS relevance
-    FROM (
-        SELECT *,
-            arraySum(arrayMap((tf_i, df_i) -> log(1 + (n_docs - df_i + 0.5) / (df_i + 0.5)) * tf_i
-                     * ({BM25_K1} + 1)
-                     / (tf_i + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * doc_len / avg_len)),
-                     tf, df)) AS bm25
-        FROM (
-            SELECT *, sumForEach(tf_hit) OVER () AS df
-            FROM (
-                SELECT thread_id, `offset`, terms,
-                       toUnixTimestamp64Milli(created_at) AS created_ms,
-                       length(terms) AS doc_len,
-                       arrayMap(t -> countEqual(terms, t), {{terms:Array(String)}}) AS tf,
-                       arrayMap(n -> toUInt64(n > 0), tf) AS tf_hit
-                FROM {db}.messages
-                WHERE {tenant}
-                  {thread_filter}
-                  AND hasAnyTokens(terms, {{terms:Array(String)}})
-                  AND {_visible_threads_filter(db, spec.thread_id is not None)}
-                LIMIT 1 BY thread_id, `offset`
-            )
-        )
-        ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
-        LIMIT {{rerank:UInt32}}
-    )
-)
-ORDER BY relevance DESC, created_ms DESC, `offset` DESC, thread_id
-LIMIT {{limit:UInt32}}
-SETTINGS {SEARCH_SETTINGS}"""
-    words = list(spec.words)
-    params: dict[str, SqlParam] = {
-        "account_id": spec.account_id,
-        "agent_id": spec.agent_id,
-        "user_id": spec.user_id or "",
-        "terms": words,
-        "n_docs": str(stats[0]),
-        "avg_len": str(stats[1]),
-        "pair_a": words[:-1],
-        "pair_b": words[1:],
-        "limit": spec.limit,
-        "rerank": max(RERANK_WINDOW, spec.limit),
-    }
-    if spec.thread_id is not None:
-        params["thread_id"] = spec.thread_id
-    return sql, params
-
-
 DENSE_WINDOW: Final = 50
 """With a dense side, each of the two lists (BM25, dense) brings its best DENSE_WINDOW
 messages to the fusion (:mod:`memstream.projections.messages.fusion`)."""
@@ -283,7 +208,7 @@ def dense_sql(
 ) -> tuple[str, dict[str, SqlParam]]:
     """The dense side: the ``k`` visible messages whose vector (of ``model``) is most similar
     (cosine) to the query's, with the same tenant, thread-scope and privacy filters as
-    :func:`search_sql`, inside the query, plus the similarity of the messages at ``keys``
+    :func:`~.postings.score_sql`, inside the query, plus the similarity of the messages at ``keys``
     (BM25's candidates) that have a vector, in the same scan. Rows: thread_id, offset,
     similarity. One row per (thread, offset) even before merges (a replayed vector is
     identical)."""
@@ -294,7 +219,7 @@ FROM {db}.message_vectors
 WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
   {thread_filter}
   AND model = {{model:String}}
-  AND {_visible_threads_filter(db, spec.thread_id is not None)}
+  AND {visible_threads_filter(db, spec.thread_id is not None)}
 ORDER BY has(arrayZip({{key_threads:Array(String)}}, {{key_offsets:Array(UInt64)}}),
               (thread_id, `offset`)) DESC,
          sim DESC, thread_id, `offset`
@@ -361,7 +286,7 @@ WHERE ({key}) IN (
 
 def thread_visible_sql(database: str) -> str:
     """1 row with 1 when the thread is visible to the user (params: account_id, agent_id,
-    thread_id, user_id), 0 otherwise -- the same rule as :func:`search_sql`."""
+    thread_id, user_id), 0 otherwise -- the same rule as :func:`visible_threads_filter`."""
     db = check_database(database)
     return f"""SELECT count() = 0 OR countIf(user_id = {{user_id:String}}) > 0
 FROM {db}.thread_users

@@ -14,7 +14,7 @@ Guarantees:
   writes as :meth:`write`; it writes nothing and returns None when it cannot vouch for every
   record (the caller then decodes in Python).
 - :meth:`MessageStore.search` returns only the caller's account and agent, only threads the
-  caller may see (see :func:`~memstream.projections.messages.sql.search_sql`), at most
+  caller may see (see :func:`~memstream.projections.messages.sql.visible_threads_filter`), at most
   ``spec.limit`` hits ranked by relevance then recency. With an ``embedder`` (the dense
   side, :mod:`~memstream.projections.messages.vectors`), the BM25 list and the dense list
   (same filters, inside the query) are fused (:mod:`~memstream.projections.messages.fusion`);
@@ -41,6 +41,22 @@ from memstream.projections.messages.arrow_batch import parse_journal_values
 from memstream.projections.messages.engine import ClickHouseEngine
 from memstream.projections.messages.fusion import bm25 as bm25_of
 from memstream.projections.messages.fusion import coverage, fuse, query_weight
+from memstream.projections.messages.postings import (
+    POSTINGS_TABLE,
+    backfill_sql,
+    postings_table_ddl,
+    postings_view_ddl,
+    score_sql,
+    term_stats_sql,
+)
+from memstream.projections.messages.ranking import (
+    TermStats,
+    exact_with,
+    impact_bound,
+    plan,
+    rarest_first,
+    rerank,
+)
 from memstream.projections.messages.rows import (
     MessageRow,
     ParsedBatch,
@@ -56,6 +72,9 @@ from memstream.projections.messages.sql import (
     JOURNAL_BATCH_FORMAT,
     JOURNAL_BATCH_STRUCTURE,
     KIND_PYTHON,
+    PROXIMITY_BOOST,
+    PROXIMITY_WINDOW,
+    RERANK_WINDOW,
     SearchSpec,
     check_database,
     collection_stats_sql,
@@ -66,7 +85,6 @@ from memstream.projections.messages.sql import (
     has_terms_sql,
     journal_batch_sql,
     messages_by_key_sql,
-    search_sql,
     thread_visible_sql,
     upgrade_ddl,
 )
@@ -127,6 +145,34 @@ class MessageStore:
             log.warning("messages table predates ranked search: adding its terms column")
             for stmt in upgrade_ddl(self.database):
                 await self.engine.command(stmt)
+        await self._ensure_postings()
+
+    async def _ensure_postings(self) -> None:
+        """The posting lists and the view that fills them at every insert; for a
+        ``messages`` table made before them, filled from the stored rows (a one-off). A
+        marker table stands while that fill runs, so a start interrupted during it fills
+        again (postings of the same message collapse: the queries read ``FINAL``)."""
+        db = self.database
+        marker = f"{POSTINGS_TABLE}_filling"
+        present = await self.engine.rows(
+            "SELECT countIf(name = {table:String}), countIf(name = {marker:String}) "
+            "FROM system.tables WHERE database = {database:String}",
+            {"database": db, "table": POSTINGS_TABLE, "marker": marker},
+        )
+        has_table, filling = (int(str(v)) for v in present[0]) if present else (0, 0)
+        if has_table and not filling:
+            await self.engine.command(postings_view_ddl(db))
+            return
+        await self.engine.command(
+            f"CREATE TABLE IF NOT EXISTS {db}.{marker} (x UInt8) ENGINE = Log"
+        )
+        await self.engine.command(postings_table_ddl(db))
+        await self.engine.command(postings_view_ddl(db))
+        stored = await self.engine.rows(f"SELECT count() FROM {db}.messages", {})
+        if stored and int(str(stored[0][0])):
+            log.warning("filling the posting lists of %s.messages from its rows (one-off)", db)
+        await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
+        await self.engine.command(f"DROP TABLE {db}.{marker}")
 
     async def write(self, rows: Sequence[MessageRow]) -> int:
         """Insert a batch; returns the message rows written. Durable on return. Rows of
@@ -139,7 +185,10 @@ class MessageStore:
         owners = thread_users_table(rows)
         if owners.num_rows:
             await self.engine.insert_arrow(self.database, "thread_users", owners)
-        return await self.engine.insert_arrow(self.database, "messages", messages_table(rows))
+        table = messages_table(rows)
+        # the engine's count includes the rows the postings view wrote
+        await self.engine.insert_arrow(self.database, "messages", table)
+        return int(table.num_rows)
 
     async def write_journal_batch(self, values: Sequence[bytes]) -> ParsedBatch | None:
         """Project raw journal records (JSON envelopes) in bulk; durable on return.
@@ -331,13 +380,55 @@ class MessageStore:
         return out
 
     async def lexical_search(self, spec: SearchSpec) -> list[SearchHit]:
-        """BM25 with the proximity bonus only (the whole search without a dense side)."""
-        stats = await self.collection_stats(spec.account_id, spec.agent_id)
-        sql, params = search_sql(self.database, spec, stats)
-        ranked = await self.engine.rows(sql, params)
+        """BM25 with the proximity bonus only (the whole search without a dense side).
+
+        Three steps over the posting lists (:mod:`.postings`, rules in :mod:`.ranking`): the
+        query terms' exact statistics; BM25's best :data:`RERANK_WINDOW`, reading the
+        common terms' postings only for the messages holding a rarer term when that is
+        exact (max-score pruning; otherwise once more with more terms); the proximity
+        bonus over those and the final order. Then the text of the rows returned."""
+        n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
+        sql, params = term_stats_sql(self.database, spec)
+        term_stats = {
+            str(t): TermStats(int(str(df)), int(str(tf)), int(str(ln)))
+            for t, df, tf, ln in await self.engine.rows(sql, params)
+        }
+        order = rarest_first(spec.words, term_stats)
+        if not order:
+            return []
+        dfs = [term_stats[w].df if w in term_stats else 0 for w in spec.words]
+        bounds = {w: impact_bound(term_stats[w], n_docs, avg_len, BM25_K1, BM25_B) for w in order}
+        k = max(RERANK_WINDOW, spec.limit)
+        essential = plan(order, term_stats, k)
+        while True:
+            sql, params = score_sql(self.database, spec, dfs, (n_docs, avg_len), essential, k)
+            best = await self.engine.rows(sql, params)
+            kth = float(str(best[k - 1][3])) if len(best) >= k else None
+            retry = exact_with(order, len(essential), bounds, kth)
+            if not retry:
+                break
+            essential = order[:retry]
+        ranked = rerank(
+            spec.words,
+            [
+                (
+                    str(t),
+                    int(str(o)),
+                    int(str(ms)),
+                    float(str(s)),
+                    _ints(tf),
+                    int(str(ln)),
+                    [_ints(p) for p in _lists(pos)],
+                )
+                for t, o, ms, s, tf, ln, pos in best
+            ],
+            PROXIMITY_WINDOW,
+            PROXIMITY_BOOST,
+            spec.limit,
+        )
         if not ranked:
             return []
-        # the text of the rows returned only (the scoring reads keys and terms)
+        # the text of the rows returned only (the scoring reads postings)
         stored = {
             (str(t), int(str(o))): (str(mid), str(role), str(content))
             for t, mid, o, role, content, _ms, _terms in await self.engine.rows(
@@ -345,51 +436,39 @@ class MessageStore:
                 {
                     "account_id": spec.account_id,
                     "agent_id": spec.agent_id,
-                    "thread_ids": [str(r[0]) for r in ranked],
-                    "offsets": [int(str(r[1])) for r in ranked],
+                    "thread_ids": [r.thread_id for r in ranked],
+                    "offsets": [r.offset for r in ranked],
                 },
             )
         }
         out = []
-        for (
-            thread_id,
-            offset,
-            created_ms,
-            relevance,
-            bm25,
-            proximity,
-            tf,
-            df,
-            doc_len,
-            avg_len,
-            n_docs,
-        ) in ranked:
-            row = stored.get((str(thread_id), int(str(offset))))
+        for r in ranked:
+            row = stored.get((r.thread_id, r.offset))
             if row is None:  # erased between the two queries
                 continue
             message_id, role, content = row
             explain: dict[str, object] | None = None
             if spec.explain:
                 explain = {
-                    "bm25": round(float(str(bm25)), 6),
-                    "proximity": round(float(str(proximity)), 6),
+                    "bm25": round(r.bm25, 6),
+                    "proximity": round(r.proximity, 6),
                     "terms": {
-                        t: {"tf": int(str(f)), "df": int(str(d))}
-                        for t, f, d in zip(spec.words, _ints(tf), _ints(df), strict=False)
+                        t: {"tf": f, "df": d}
+                        for t, f, d in zip(spec.words, r.tf, dfs, strict=False)
                     },
-                    "length": int(str(doc_len)),
-                    "average_length": round(float(str(avg_len)), 3),
-                    "messages": int(str(n_docs)),
+                    "length": r.length,
+                    "average_length": round(max(avg_len, 1.0), 3),
+                    "messages": int(n_docs),
                 }
             out.append(
                 SearchHit(
-                    thread_id=str(thread_id),
+                    thread_id=r.thread_id,
                     message_id=message_id,
-                    offset=int(str(offset)),
+                    offset=r.offset,
                     role=role,
                     content=content,
-                    created_at=datetime.fromtimestamp(int(str(created_ms)) / 1000, tz=UTC),
-                    relevance=float(str(relevance)),
+                    created_at=datetime.fromtimestamp(r.created_ms / 1000, tz=UTC),
+                    relevance=r.relevance,
                     explain=explain,
                 )
             )
@@ -425,7 +504,7 @@ class MessageStore:
         """Delete every row of one thread (messages and owners), synchronously; returns the
         message rows that were stored. Idempotent."""
         stored, _ = await self.thread_row_counts(account_id, agent_id, thread_id)
-        for table in ("messages", "message_vectors", "thread_users"):
+        for table in ("messages", POSTINGS_TABLE, "message_vectors", "thread_users"):
             await self.engine.command(
                 erase_thread_sql(self.database, table, account_id, agent_id, thread_id)
             )
@@ -445,6 +524,7 @@ class MessageStore:
         """Force merges now (collapses duplicates on disk). For operators and tests; search
         never depends on it."""
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.messages FINAL")
+        await self.engine.command(f"OPTIMIZE TABLE {self.database}.{POSTINGS_TABLE} FINAL")
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.thread_users FINAL")
 
 
@@ -471,6 +551,13 @@ def _strings(value: object) -> list[str]:
     if isinstance(value, list | tuple):
         return [str(v) for v in value]
     raise PermanentInfraError(f"expected an array of strings, got {type(value).__name__}")
+
+
+def _lists(value: object) -> list[object]:
+    """An Array(Array(...)) from the engine as a list of its elements."""
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise PermanentInfraError(f"expected an array, got {type(value).__name__}")
 
 
 def _ints(value: object) -> list[int]:

@@ -1,0 +1,188 @@
+"""The posting lists of transcript search: one row per (message, term), and the SQL over them.
+
+Pure: builds statements and their parameters (the rules that use the rows are in
+:mod:`memstream.projections.messages.ranking`).
+
+``message_terms`` holds, for every stored message and each distinct term of it, the term's
+positions (1-based, as ``arrayEnumerate`` numbers the ``terms`` array), the message's length
+in terms and its time. It is filled *by ClickHouse inside the insert into* ``messages``
+(a materialized view, :func:`postings_ddl`), so both projector paths, replays and old tables
+(:func:`backfill_sql`) get the same rows, and the projector sends nothing more.
+``ReplacingMergeTree`` ordered by ``(account_id, agent_id, term, thread_id, offset)``: a
+term's postings are one contiguous range per part, and a replayed or redelivered message
+has the same key, so duplicates collapse on merge; the queries read ``FINAL`` (a merge of
+sorted ranges, no hashing), so before a merge they count and score each message once.
+
+Why (docs/transcript-search.md, "Search latency at 1M"): the scan over ``messages`` read the
+whole ``terms`` array of every candidate; the candidates of a mid-frequency word sit one or
+two per 1,024-row granule, so a word in 600 messages read ~600k arrays (174 ms of a 190 ms
+query at 1M messages). A term's postings are a few narrow rows side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from memstream.projections.messages.sql import (
+    BM25_B,
+    BM25_K1,
+    SEARCH_SETTINGS,
+    SearchSpec,
+    SqlParam,
+    check_database,
+    visible_threads_filter,
+)
+
+POSTINGS_TABLE: Final = "message_terms"
+POSTINGS_VIEW: Final = "message_terms_mv"
+
+
+def postings_select(source: str) -> str:
+    """The postings of the messages in ``source`` (a table): one row per message and distinct
+    term, its positions sorted."""
+    return f"""SELECT account_id, agent_id, term, thread_id, `offset`,
+       any(created_at) AS created_at, any(length(terms)) AS doc_len,
+       arraySort(groupArray(toUInt32(pos))) AS positions
+FROM {source}
+ARRAY JOIN terms AS term, arrayEnumerate(terms) AS pos
+GROUP BY account_id, agent_id, term, thread_id, `offset`"""
+
+
+def postings_table_ddl(database: str, table: str = POSTINGS_TABLE) -> str:
+    db = check_database(database)
+    return f"""CREATE TABLE IF NOT EXISTS {db}.{check_database(table)} (
+    account_id LowCardinality(String),
+    agent_id LowCardinality(String),
+    term String,
+    thread_id String,
+    `offset` UInt64,
+    created_at DateTime64(3, 'UTC'),
+    doc_len UInt32,
+    positions Array(UInt32)
+) ENGINE = ReplacingMergeTree
+ORDER BY (account_id, agent_id, term, thread_id, `offset`)"""
+
+
+def postings_view_ddl(database: str) -> str:
+    """The materialized view that writes the postings of every insert into ``messages``."""
+    db = check_database(database)
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{POSTINGS_VIEW} TO {db}.{POSTINGS_TABLE} "
+        f"AS {postings_select(f'{db}.messages')}"
+    )
+
+
+def backfill_sql(database: str, table: str) -> str:
+    """Fill ``table`` (a new postings table) with the postings of every stored message: the
+    one-off upgrade of a ``messages`` table made before the postings existed."""
+    db = check_database(database)
+    return f"INSERT INTO {db}.{check_database(table)} {postings_select(f'{db}.messages')}"
+
+
+def _scope(spec: SearchSpec) -> str:
+    tenant = "account_id = {account_id:String} AND agent_id = {agent_id:String}"
+    if spec.thread_id is not None:
+        return tenant + " AND thread_id = {thread_id:String}"
+    return tenant
+
+
+def _params(spec: SearchSpec) -> dict[str, SqlParam]:
+    params: dict[str, SqlParam] = {
+        "account_id": spec.account_id,
+        "agent_id": spec.agent_id,
+        "user_id": spec.user_id or "",
+        "terms": list(spec.words),
+    }
+    if spec.thread_id is not None:
+        params["thread_id"] = spec.thread_id
+    return params
+
+
+def term_stats_sql(database: str, spec: SearchSpec) -> tuple[str, dict[str, SqlParam]]:
+    """Per query term held by a visible message (in scope): term, document frequency (each
+    message once, before merges too), its highest tf, and the shortest message holding it --
+    the exact statistics BM25 needs, and what bounds the term's contribution
+    (:func:`~.ranking.impact_bound`). Terms no visible message holds have no row."""
+    db = check_database(database)
+    sql = f"""SELECT term, count(), max(length(positions)), min(doc_len)
+FROM {db}.{POSTINGS_TABLE} FINAL
+WHERE {_scope(spec)}
+  AND term IN {{terms:Array(String)}}
+  AND {visible_threads_filter(db, spec.thread_id is not None)}
+GROUP BY term
+SETTINGS {SEARCH_SETTINGS}"""
+    return sql, _params(spec)
+
+
+def score_sql(
+    database: str,
+    spec: SearchSpec,
+    dfs: Sequence[int],
+    stats: tuple[float, float],
+    essential: Sequence[str],
+    k: int,
+) -> tuple[str, dict[str, SqlParam]]:
+    """BM25's best ``k`` among the visible messages holding an ``essential`` term (all the
+    query's terms: every candidate), each scored on *all* query terms. Rows: thread_id,
+    offset, created_at (epoch ms), bm25, tf per query term, length, and for each query term
+    its positions in the message (empty when absent). Ordered by bm25 then newest, as the
+    result is; one row per message.
+
+    ``dfs`` are the query terms' document frequencies (:func:`term_stats_sql`), ``stats`` the
+    agent's (messages, average length). The score is the formula the scan over ``messages``
+    computed, term for term, so rankings are unchanged. With fewer essential terms than
+    query terms, the other terms' postings are read only for the essential candidates (a
+    membership test on two narrow columns, not a grouping of every message holding them):
+    :func:`~.ranking.plan` says when that is exact.
+    """
+    db = check_database(database)
+    words = list(spec.words)
+    narrow = len(essential) < len(words)
+    membership = (
+        f"""AND (term IN {{essential:Array(String)}} OR (thread_id, `offset`) IN (
+        SELECT thread_id, `offset` FROM {db}.{POSTINGS_TABLE}
+        WHERE {_scope(spec)} AND term IN {{essential:Array(String)}}))"""
+        if narrow
+        else ""
+    )
+    sql = f"""WITH {{n_docs:Float64}} AS n_docs, greatest({{avg_len:Float64}}, 1.0) AS avg_len
+SELECT thread_id, `offset`, created_ms, bm25, tf, doc_len, positions
+FROM (
+    SELECT thread_id, `offset`, created_ms, doc_len,
+        arrayMap(i -> arrayElement(plists, indexOf(term_nos, i)),
+                 arrayEnumerate({{terms:Array(String)}})) AS positions,
+        arrayMap(p -> toUInt64(length(p)), positions) AS tf,
+        arraySum(arrayMap((tf_i, df_i) -> log(1 + (n_docs - df_i + 0.5) / (df_i + 0.5)) * tf_i
+                 * ({BM25_K1} + 1)
+                 / (tf_i + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * doc_len / avg_len)),
+                 tf, {{dfs:Array(UInt64)}})) AS bm25
+    FROM (
+        SELECT thread_id, `offset`,
+               toUnixTimestamp64Milli(any(created_at)) AS created_ms,
+               any(doc_len) AS doc_len,
+               groupArray(toUInt32(indexOf({{terms:Array(String)}}, term))) AS term_nos,
+               groupArray(positions) AS plists
+        FROM {db}.{POSTINGS_TABLE} FINAL
+        WHERE {_scope(spec)}
+          AND term IN {{terms:Array(String)}}
+          {membership}
+          AND {visible_threads_filter(db, spec.thread_id is not None)}
+        GROUP BY thread_id, `offset`
+    )
+)
+ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
+LIMIT {{k:UInt32}}
+SETTINGS {SEARCH_SETTINGS}"""
+    params = _params(spec)
+    params.update(
+        {
+            "dfs": list(dfs),
+            "n_docs": str(stats[0]),
+            "avg_len": str(stats[1]),
+            "k": k,
+        }
+    )
+    if narrow:
+        params["essential"] = list(essential)
+    return sql, params
