@@ -37,15 +37,19 @@ def idf(n_docs: float, df: float) -> float:
 
 
 def bm25(
-    tfs: Sequence[int], dfs: Sequence[float], n_docs: float, length: int, avg_len: float,
-    k1: float, b: float,
+    tfs: Sequence[int],
+    dfs: Sequence[float],
+    n_docs: float,
+    length: int,
+    avg_len: float,
+    k1: float,
+    b: float,
 ) -> float:
     """BM25 of one message, the formula of :func:`~.sql.search_sql` (for the dense side's
     candidates that BM25's best did not include; without the proximity bonus)."""
     norm = k1 * (1 - b + b * length / max(avg_len, 1.0))
     return math.fsum(
-        idf(n_docs, df) * tf * (k1 + 1) / (tf + norm) for tf, df in zip(tfs, dfs, strict=True)
-        if tf
+        idf(n_docs, df) * tf * (k1 + 1) / (tf + norm) for tf, df in zip(tfs, dfs, strict=True) if tf
     )
 
 

@@ -59,13 +59,22 @@ def rarest_first(words: Sequence[str], stats: Mapping[str, TermStats]) -> list[s
     return sorted(held, key=lambda w: stats[w].df)
 
 
-def plan(order: Sequence[str], stats: Mapping[str, TermStats], k: int) -> list[str]:
-    """The first essential prefix to try: the rarest terms until they are held by at least
-    ``k`` messages together (fewer candidates cannot fill the best ``k``)."""
+def plan(
+    order: Sequence[str],
+    stats: Mapping[str, TermStats],
+    bounds: Mapping[str, float],
+    k: int,
+    n_docs: float,
+) -> list[str]:
+    """The first essential prefix to try: the shortest prefix of the rarest terms held by at
+    least ``k`` messages together (fewer cannot fill the best ``k``) whose rest's bounds sum
+    below the idf of its commonest term (about what a message holding that term once scores,
+    so the check of :func:`exact_with` is likely to pass at once); all terms when none is."""
     total = 0
     for i, w in enumerate(order):
         total += stats[w].df
-        if total >= k:
+        rest = math.fsum(bounds[v] for v in order[i + 1 :])
+        if total >= k and rest < idf(n_docs, float(stats[w].df)):
             return list(order[: i + 1])
     return list(order)
 

@@ -241,18 +241,18 @@ SETTINGS {SEARCH_SETTINGS}"""
     return sql, params
 
 
-def messages_by_key_sql(database: str) -> str:
+def messages_by_key_sql(database: str, *, terms: bool = True) -> str:
     """The stored messages of one agent at the keys ``(thread_ids[i], offsets[i])``: rows
-    thread_id, message_id, offset, role, content, created_at (epoch ms), terms; one per key.
-    For the dense side's hits that BM25 did not return (params: account_id, agent_id,
-    thread_ids, offsets)."""
+    thread_id, message_id, offset, role, content, created_at (epoch ms), then (``terms``)
+    terms; one per key. For the text of the hits returned, and the dense side's hits that
+    BM25 did not return (params: account_id, agent_id, thread_ids, offsets). The keys are
+    a set of (thread, offset) tuples, which the primary key narrows to their granules."""
     db = check_database(database)
     return f"""SELECT thread_id, message_id, `offset`, role, content,
-       toUnixTimestamp64Milli(created_at) AS created_ms, terms
+       toUnixTimestamp64Milli(created_at) AS created_ms{", terms" if terms else ""}
 FROM {db}.messages
 WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
-  AND thread_id IN {{thread_ids:Array(String)}}
-  AND has(arrayZip({{thread_ids:Array(String)}}, {{offsets:Array(UInt64)}}), (thread_id, `offset`))
+  AND (thread_id, `offset`) IN arrayZip({{thread_ids:Array(String)}}, {{offsets:Array(UInt64)}})
 LIMIT 1 BY thread_id, `offset`"""
 
 

@@ -399,7 +399,7 @@ class MessageStore:
         dfs = [term_stats[w].df if w in term_stats else 0 for w in spec.words]
         bounds = {w: impact_bound(term_stats[w], n_docs, avg_len, BM25_K1, BM25_B) for w in order}
         k = max(RERANK_WINDOW, spec.limit)
-        essential = plan(order, term_stats, k)
+        essential = plan(order, term_stats, bounds, k, n_docs)
         while True:
             sql, params = score_sql(self.database, spec, dfs, (n_docs, avg_len), essential, k)
             best = await self.engine.rows(sql, params)
@@ -431,8 +431,8 @@ class MessageStore:
         # the text of the rows returned only (the scoring reads postings)
         stored = {
             (str(t), int(str(o))): (str(mid), str(role), str(content))
-            for t, mid, o, role, content, _ms, _terms in await self.engine.rows(
-                messages_by_key_sql(self.database),
+            for t, mid, o, role, content, _ms in await self.engine.rows(
+                messages_by_key_sql(self.database, terms=False),
                 {
                     "account_id": spec.account_id,
                     "agent_id": spec.agent_id,
