@@ -128,23 +128,25 @@ SETTINGS {SEARCH_SETTINGS}"""
 def score_sql(
     database: str,
     spec: SearchSpec,
-    dfs: Sequence[int],
+    dfs: Sequence[int] | None,
     stats: tuple[float, float],
     essential: Sequence[str],
     k: int,
 ) -> tuple[str, dict[str, SqlParam]]:
     """BM25's best ``k`` among the visible messages holding an ``essential`` term (all the
     query's terms: every candidate), each scored on *all* query terms. Rows: thread_id,
-    offset, created_at (epoch ms), bm25, tf per query term, length, and for each query term
-    its positions in the message (empty when absent). Ordered by bm25 then newest, as the
-    result is; one row per message.
+    offset, created_at (epoch ms), bm25, tf per query term, length, for each query term its
+    positions in the message (empty when absent), and the document frequencies used. Ordered
+    by bm25 then newest, as the result is; one row per message.
 
     Not ``FINAL``: a message's postings are grouped by its key, and a copy of a posting
     (a replay or redelivery before a merge) is ignored, since each term's positions are taken
     from its first entry (``indexOf``).
 
-    ``dfs`` are the query terms' document frequencies (:func:`term_stats_sql`), ``stats`` the
-    agent's (messages, average length). The score is the formula the scan over ``messages``
+    ``dfs`` are the query terms' document frequencies (:func:`term_stats_sql`); None (only
+    with every term essential) counts them over the candidates in the same query, which saves
+    a round trip where candidates are few (one thread). ``stats`` are the agent's (messages,
+    average length). The score is the formula the scan over ``messages``
     computed, term for term, so rankings are unchanged. With fewer essential terms than
     query terms, the other terms' postings are read only for the essential candidates (a
     membership test on two narrow columns, not a grouping of every message holding them):
@@ -160,43 +162,48 @@ def score_sql(
         if narrow
         else ""
     )
+    # df: given, or counted over the candidates (every message holding a term, when all
+    # terms are essential), as the scan over ``messages`` counted it
+    df = "{dfs:Array(UInt64)}" if dfs is not None else "sumForEach(tf_hit) OVER ()"
     sql = f"""WITH {{n_docs:Float64}} AS n_docs, greatest({{avg_len:Float64}}, 1.0) AS avg_len
-SELECT thread_id, `offset`, created_ms, bm25, tf, doc_len, positions
+SELECT thread_id, `offset`, created_ms, bm25, tf, doc_len, positions, df
 FROM (
-    SELECT thread_id, `offset`, created_ms, doc_len,
-        arrayMap(i -> arrayElement(plists, indexOf(term_nos, i)),
-                 arrayEnumerate({{terms:Array(String)}})) AS positions,
-        arrayMap(p -> toUInt64(length(p)), positions) AS tf,
+    SELECT *,
         arraySum(arrayMap((tf_i, df_i) -> log(1 + (n_docs - df_i + 0.5) / (df_i + 0.5)) * tf_i
                  * ({BM25_K1} + 1)
                  / (tf_i + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * doc_len / avg_len)),
-                 tf, {{dfs:Array(UInt64)}})) AS bm25
+                 tf, df)) AS bm25
     FROM (
-        SELECT thread_id, `offset`,
-               toUnixTimestamp64Milli(any(created_at)) AS created_ms,
-               any(doc_len) AS doc_len,
-               groupArray(toUInt32(indexOf({{terms:Array(String)}}, term))) AS term_nos,
-               groupArray(positions) AS plists
-        FROM {db}.{POSTINGS_TABLE}
-        WHERE {_scope(spec)}
-          AND term IN {{terms:Array(String)}}
-          {membership}
-          AND {visible_threads_filter(db, spec.thread_id is not None)}
-        GROUP BY thread_id, `offset`
+        SELECT *, {df} AS df
+        FROM (
+            SELECT thread_id, `offset`, created_ms, doc_len,
+                arrayMap(i -> arrayElement(plists, indexOf(term_nos, i)),
+                         arrayEnumerate({{terms:Array(String)}})) AS positions,
+                arrayMap(p -> toUInt64(length(p)), positions) AS tf,
+                arrayMap(n -> toUInt64(n > 0), tf) AS tf_hit
+            FROM (
+                SELECT thread_id, `offset`,
+                       toUnixTimestamp64Milli(any(created_at)) AS created_ms,
+                       any(doc_len) AS doc_len,
+                       groupArray(toUInt32(indexOf({{terms:Array(String)}}, term))) AS term_nos,
+                       groupArray(positions) AS plists
+                FROM {db}.{POSTINGS_TABLE}
+                WHERE {_scope(spec)}
+                  AND term IN {{terms:Array(String)}}
+                  {membership}
+                  AND {visible_threads_filter(db, spec.thread_id is not None)}
+                GROUP BY thread_id, `offset`
+            )
+        )
     )
 )
 ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
 LIMIT {{k:UInt32}}
 SETTINGS {SEARCH_SETTINGS}"""
     params = _params(spec)
-    params.update(
-        {
-            "dfs": list(dfs),
-            "n_docs": str(stats[0]),
-            "avg_len": str(stats[1]),
-            "k": k,
-        }
-    )
+    params.update({"n_docs": str(stats[0]), "avg_len": str(stats[1]), "k": k})
+    if dfs is not None:
+        params["dfs"] = list(dfs)
     if narrow:
         params["essential"] = list(essential)
     return sql, params

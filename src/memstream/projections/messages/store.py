@@ -388,26 +388,34 @@ class MessageStore:
         exact (max-score pruning; otherwise once more with more terms); the proximity
         bonus over those and the final order. Then the text of the rows returned."""
         n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
-        sql, params = term_stats_sql(self.database, spec)
-        term_stats = {
-            str(t): TermStats(int(str(df)), int(str(tf)), int(str(ln)))
-            for t, df, tf, ln in await self.engine.rows(sql, params)
-        }
-        order = rarest_first(spec.words, term_stats)
-        if not order:
-            return []
-        dfs = [term_stats[w].df if w in term_stats else 0 for w in spec.words]
-        bounds = {w: impact_bound(term_stats[w], n_docs, avg_len, BM25_K1, BM25_B) for w in order}
         k = max(RERANK_WINDOW, spec.limit)
-        essential = plan(order, term_stats, bounds, k, n_docs)
-        while True:
-            sql, params = score_sql(self.database, spec, dfs, (n_docs, avg_len), essential, k)
+        if spec.thread_id is not None:
+            # one thread holds few messages: score them all, counting df in the same query
+            sql, params = score_sql(self.database, spec, None, (n_docs, avg_len), spec.words, k)
             best = await self.engine.rows(sql, params)
-            kth = float(str(best[k - 1][3])) if len(best) >= k else None
-            retry = exact_with(order, len(essential), bounds, kth)
-            if not retry:
-                break
-            essential = order[:retry]
+            dfs = _ints(best[0][7]) if best else []
+        else:
+            sql, params = term_stats_sql(self.database, spec)
+            term_stats = {
+                str(t): TermStats(int(str(df)), int(str(tf)), int(str(ln)))
+                for t, df, tf, ln in await self.engine.rows(sql, params)
+            }
+            order = rarest_first(spec.words, term_stats)
+            if not order:
+                return []
+            dfs = [term_stats[w].df if w in term_stats else 0 for w in spec.words]
+            bounds = {
+                w: impact_bound(term_stats[w], n_docs, avg_len, BM25_K1, BM25_B) for w in order
+            }
+            essential = plan(order, term_stats, bounds, k, n_docs)
+            while True:
+                sql, params = score_sql(self.database, spec, dfs, (n_docs, avg_len), essential, k)
+                best = await self.engine.rows(sql, params)
+                kth = float(str(best[k - 1][3])) if len(best) >= k else None
+                retry = exact_with(order, len(essential), bounds, kth)
+                if not retry:
+                    break
+                essential = order[:retry]
         ranked = rerank(
             spec.words,
             [
@@ -420,7 +428,7 @@ class MessageStore:
                     int(str(ln)),
                     [_ints(p) for p in _lists(pos)],
                 )
-                for t, o, ms, s, tf, ln, pos in best
+                for t, o, ms, s, tf, ln, pos, _df in best
             ],
             PROXIMITY_WINDOW,
             PROXIMITY_BOOST,

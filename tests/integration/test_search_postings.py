@@ -1,0 +1,132 @@
+"""Transcript search over posting lists on real chdb: pruning never changes the ranking,
+copies of a message (replays, redeliveries before a merge) count once, erasure removes a
+thread's postings, and a table made before the postings is filled at start."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from memstream.projections.messages import MessageStore
+from memstream.projections.messages.chdb_engine import ChdbEngine
+from memstream.projections.messages.postings import POSTINGS_TABLE, score_sql, term_stats_sql
+from memstream.projections.messages.ranking import TermStats, impact_bound, plan, rarest_first
+from memstream.projections.messages.sql import SearchSpec, query_words
+from memstream.schemas.records import Caller
+from tests.integration.test_transcript_search import m, project, search
+
+WORDS = [f"w{i}" for i in range(60)]
+
+
+def _corpus(rng: random.Random) -> list:  # type: ignore[type-arg]
+    """1,200 turns over 12 threads, three of them private, words Zipf-like (w0 in most
+    turns, w59 in a few), lengths 3 to 40 words, some words repeated."""
+    weights = [1 / (i + 1) for i in range(len(WORDS))]
+    msgs = []
+    for t in range(12):
+        for o in range(100):
+            n = rng.randint(3, 40)
+            text = " ".join(rng.choices(WORDS, weights, k=n))
+            user = f"u{t}" if t % 4 == 3 else None
+            msgs.append(m(f"t{t}", o, "user", text, user=user, minutes=t * 100 + o))
+    return msgs
+
+
+async def _exhaustive(store: MessageStore, spec: SearchSpec) -> list[tuple[str, int, float]]:
+    """BM25's best 100 with every term essential (no pruning): the reference."""
+    n_docs, avg = await store.collection_stats(spec.account_id, spec.agent_id)
+    sql, params = score_sql(store.database, spec, None, (n_docs, avg), spec.words, 100)
+    rows = await store.engine.rows(sql, params)
+    return [(str(r[0]), int(str(r[1])), float(str(r[3]))) for r in rows]
+
+
+async def test_pruned_search_ranks_like_scoring_every_candidate(
+    message_store: MessageStore,
+) -> None:
+    rng = random.Random(7)
+    await project(message_store, _corpus(rng))
+    pruned = 0
+    for q in range(40):
+        words = " ".join(rng.sample(WORDS, rng.randint(1, 4)))
+        caller_user = "u3" if q % 3 == 0 else None
+        spec = SearchSpec("acc", "ag", caller_user, query_words(words), 100, explain=True)
+        # what the pruned search would plan (to know the pruning was exercised)
+        sql, params = term_stats_sql(message_store.database, spec)
+        stats = {
+            str(t): TermStats(int(str(d)), int(str(f)), int(str(ln)))
+            for t, d, f, ln in await message_store.engine.rows(sql, params)
+        }
+        n_docs, avg = await message_store.collection_stats("acc", "ag")
+        order = rarest_first(spec.words, stats)
+        bounds = {w: impact_bound(stats[w], n_docs, avg, 1.2, 0.75) for w in order}
+        pruned += len(plan(order, stats, bounds, 100, n_docs)) < len(order)
+
+        hits = await message_store.lexical_search(spec)
+        reference = await _exhaustive(message_store, spec)
+        # the same best 100 by BM25, in the same order (before the proximity bonus)
+        by_bm25 = sorted(
+            hits,
+            key=lambda h: (-float(h.explain["bm25"]), -h.created_at.timestamp(), -h.offset),  # type: ignore[index,arg-type]
+        )
+        assert [(h.thread_id, h.offset) for h in by_bm25] == [(t, o) for t, o, _ in reference]
+        if caller_user is None:  # private threads stay out of hits and of df
+            assert all(h.thread_id not in {"t3", "t7", "t11"} for h in hits)
+    assert pruned >= 5  # the max-score path ran, not only the exhaustive one
+
+
+async def test_copies_of_a_message_count_once(chdb_engine: ChdbEngine) -> None:
+    import uuid
+
+    once = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}")
+    twice = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}")
+    msgs = [
+        m("a", 0, "user", "lisbon flights in may"),
+        m("a", 1, "assistant", "lisbon is sunny, flights are cheap"),
+        m("b", 0, "user", "flights to porto"),
+    ]
+    for store in (once, twice):
+        await store.ensure_schema()
+        await project(store, msgs)
+    await project(twice, msgs)  # a replay on top, before any merge
+    spec = SearchSpec("acc", "ag", None, query_words("lisbon flights"), 10, explain=True)
+    a, b = await once.lexical_search(spec), await twice.lexical_search(spec)
+    assert [(h.thread_id, h.offset) for h in a] == [(h.thread_id, h.offset) for h in b]
+    for hits in (a, b):  # each message counted once in the query terms' statistics
+        assert hits[0].explain is not None and hits[0].explain["terms"] == {
+            "lisbon": {"tf": 1, "df": 2},
+            "flight": {"tf": 1, "df": 3},
+        }
+    # (the agent's message count, a cached count() of rows, still counts copies until a
+    # merge, as before the posting lists)
+    scoped = replace(spec, thread_id="a")
+    assert [h.offset for h in await twice.lexical_search(scoped)] == [
+        h.offset for h in await once.lexical_search(scoped)
+    ]
+
+
+async def test_erasure_removes_the_thread_s_postings(message_store: MessageStore) -> None:
+    await project(
+        message_store,
+        [m("gone", 0, "user", "secret kumquat recipe"), m("kept", 0, "user", "kumquat jam")],
+    )
+    await message_store.erase_thread("acc", "ag", "gone")
+    rows = await message_store.engine.rows(
+        f"SELECT count() FROM {message_store.database}.{POSTINGS_TABLE} "
+        "WHERE thread_id = {t:String}",
+        {"t": "gone"},
+    )
+    assert int(str(rows[0][0])) == 0
+    assert await search(message_store, Caller("acc", "ag", None), query="kumquat") == [("kept", 0)]
+    assert await search(message_store, Caller("acc", "ag", None), query="secret recipe") == []
+
+
+async def test_a_table_without_postings_is_filled_at_start(message_store: MessageStore) -> None:
+    await project(message_store, [m("old", 0, "user", "we adopted kittens last spring")])
+    db = message_store.database
+    # the layout before the posting lists: no view, no table
+    await message_store.engine.command(f"DROP VIEW {db}.message_terms_mv")
+    await message_store.engine.command(f"DROP TABLE {db}.{POSTINGS_TABLE}")
+    await message_store.ensure_schema()
+    assert await search(message_store, query="kitten") == [("old", 0)]
+    await project(message_store, [m("new", 0, "user", "kittens again")])  # the view is back
+    assert set(await search(message_store, query="kitten")) == {("new", 0), ("old", 0)}
