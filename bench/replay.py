@@ -5,11 +5,12 @@ Run: ``python bench/replay.py [--messages 50000] [--entries 2000] [--texts N] [-
 Starts an embedded Kafka broker (Apache Kafka when java+mvn exist, else Tansu) and an
 embedded Postgres (replay checkpoints), fills a ``journal`` and a ``memory`` topic, then:
 
-1. ``messages``: :func:`run_replay` of the journal topic into a fresh chdb database, twice:
-   *before*, the Python path (decode, dedupe, row mapping, Arrow insert) in batches of 2,000;
-   *after*, the bulk path the live projector uses (ClickHouse parses the raw records; dedupe
-   on event id; Arrow inserts) in the sink's own batch size. The raw ceiling: the same rows,
-   already mapped, inserted as Arrow in batches of the same size as each replay.
+1. ``messages``: :func:`run_replay` of the journal topic into a fresh chdb database, in
+   ``--rounds`` interleaved rounds of: the Python path (decode, dedupe, row mapping, Arrow
+   insert) in batches of 2,000; *before*, the bulk path with ClickHouse parsing the raw
+   records (``bulk_parse="engine"``); *after*, the bulk path with pyarrow parsing them (the
+   default), both in the sink's own batch size (dedupe on event id; Arrow inserts). The raw
+   ceiling: the same rows, already mapped, inserted as Arrow in the sink's batch size.
 2. ``memory``: :func:`run_replay` of the memory topic into fresh qdrant-edge collections with
    a warm embedding cache (the live projector embedded every entry once), vs the raw ceiling:
    the same points, vectors in hand, upserted straight into the shard (and the same with the
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import statistics
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -149,7 +152,9 @@ async def raw_insert(engine: ChdbEngine, rows: list[MessageRow], batch: int) -> 
     t = time.perf_counter()
     for i in range(0, len(rows), batch):
         part = rows[i : i + batch]
-        await engine.insert_arrow(db, "thread_users", thread_users_table(part))
+        owners = thread_users_table(part)
+        if owners.num_rows:  # as the projector: no insert without owners
+            await engine.insert_arrow(db, "thread_users", owners)
         await engine.insert_arrow(db, "messages", messages_table(part))
     return len(rows) / (time.perf_counter() - t)
 
@@ -170,6 +175,8 @@ async def main() -> None:
     ap.add_argument("--entries", type=int, default=2_000)
     ap.add_argument("--texts", type=int, default=None, help="distinct entry contents")
     ap.add_argument("--broker", default="auto")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each path")
+    ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
@@ -198,40 +205,68 @@ async def main() -> None:
             engine = ChdbEngine(data / "chdb")
             live = MessageStore(engine, "bench")
             await live.ensure_schema()
+            before_store = MessageStore(engine, "bench_b", bulk_parse="engine")
+            await before_store.ensure_schema()
             after_batch = MessagesSink.preferred_batch
-            # before: the replay as it was (Python decode + row mapping, batches of BATCH);
-            # after: the bulk path (ClickHouse parses the records) in the sink's own batches
-            before = await replay_rate(
-                PythonPathSink(MessagesSink(live, "bench")),
-                TopicSource(broker.address, topics.journal),
-                state,
-                BATCH,
-            )
-            rep = await replay_rate(
-                MessagesSink(live, "bench"),
-                TopicSource(broker.address, topics.journal),
-                state,
-                after_batch,
-            )
             rows = [r for r in (row_of_envelope(e) for e in msgs) if r is not None]
-            raw = {b: await raw_insert(engine, rows, b) for b in (BATCH, after_batch)}
+            paths = ("python", "before", "after", "raw")
+            rates: dict[str, list[float]] = {k: [] for k in paths}
+            loads: list[float] = []
+            last: Progress | None = None
+            # python: decode, dedupe, row mapping, Arrow insert (batches of BATCH);
+            # before: ClickHouse parses the raw records (main's bulk path until this round);
+            # after: pyarrow parses them (now); both in the sink's own batch size. Raw: the
+            # same rows, already mapped, as Arrow inserts. Rounds interleave the four, the
+            # order rotating by round.
+            for rnd in range(args.rounds):
+                for path in paths[rnd % 4 :] + paths[: rnd % 4]:
+                    loads.append(os.getloadavg()[0])
+                    if path == "raw":
+                        rates[path].append(await raw_insert(engine, rows, after_batch))
+                        continue
+                    sink: object
+                    if path == "python":
+                        sink, batch = PythonPathSink(MessagesSink(live, "bench")), BATCH
+                    elif path == "before":
+                        sink, batch = MessagesSink(before_store, "bench_b"), after_batch
+                    else:
+                        sink, batch = MessagesSink(live, "bench"), after_batch
+                    rep = await replay_rate(
+                        sink, TopicSource(broker.address, topics.journal), state, batch
+                    )
+                    rates[path].append(rep.rate)
+                    last = rep if path == "after" else last
+            assert last is not None
+            raw = statistics.median(rates["raw"])
             print(
-                f"messages: replay before {before.rate:9.0f} events/s ({before.elapsed_s:.2f} s, "
-                f"Python decode, batch {BATCH})   / raw at batch {BATCH} "
-                f"{raw[BATCH]:9.0f} rows/s = {before.rate / raw[BATCH]:.2f}"
+                f"messages: {last.events_read} events, {last.rows_written} rows; "
+                f"{args.rounds} interleaved rounds, load average {min(loads):.1f}-{max(loads):.1f}"
             )
+            labels = {
+                "python": f"Python decode, batch {BATCH}",
+                "before": f"bulk, ClickHouse parse, batch {after_batch}",
+                "after": f"bulk, Arrow parse, batch {after_batch}",
+            }
+            for path, label in labels.items():
+                med = statistics.median(rates[path])
+                each = " / ".join(f"{r:,.0f}" for r in rates[path])
+                print(f"  replay {label:40} {med:9,.0f} events/s  / raw {med / raw:.2f}  ({each})")
             print(
-                f"          replay after  {rep.rate:9.0f} events/s ({rep.elapsed_s:.2f} s, "
-                f"bulk parse, batch {after_batch})   / raw at batch {after_batch} "
-                f"{raw[after_batch]:9.0f} rows/s = {rep.rate / raw[after_batch]:.2f}"
+                f"  raw Arrow insert, batch {after_batch:<26} {raw:9,.0f} rows/s  "
+                f"({' / '.join(f'{r:,.0f}' for r in rates['raw'])})"
             )
+            after = statistics.median(rates["after"])
             print(
-                f"          ({rep.events_read} events, {rep.rows_written} rows; "
-                f"after / before = {rep.rate / before.rate:.2f}x)"
+                f"  after / before = {after / statistics.median(rates['before']):.2f}x; "
+                f"targets: >= 0.5 of raw ({'met' if after / raw >= 0.5 else 'NOT met'}), "
+                f">= 100k events/s ({'met' if after >= 100_000 else 'NOT met'})"
             )
             await engine.close()
 
             # --- memory -----------------------------------------------------------------
+            if args.skip_memory:
+                await pool.close()
+                return
             evs = entries(args.entries, args.texts)
             await produce(
                 broker.address, topics.memory, evs, lambda e: memory_key(e.account_id, e.agent_id)
