@@ -55,7 +55,9 @@ async def test_api_sees_what_the_worker_applied(two_processes: tuple[Positions, 
     assert await api.messages.wait_for(THREAD, 41, timeout=0.5) == 41
     assert await api.messages.wait_for(THREAD, 30, timeout=0.5) == 41
     with pytest.raises(NotReady) as ei:
-        await api.messages.wait_for(THREAD, 42, timeout=0.1)
+        # 1 s: the Redis read is bounded by what is left of the wait, and at load 14 a
+        # 0.1 s wait ran out inside it (then the error can only say "none")
+        await api.messages.wait_for(THREAD, 42, timeout=1.0)
     assert ei.value.position == 41  # the highest mark seen, from Redis
     # the projections are kept apart: a thread mark says nothing about memory
     with pytest.raises(NotReady):
