@@ -1,8 +1,8 @@
 """memory_store throughput against embedded Postgres, vs the raw engine, before vs after.
 
-Run: ``python bench/memory_store.py [--rounds 10] [--n1 60] [--n16 160]``. Launches an
+Run: ``python bench/memory_store.py [--rounds 10] [--n1 60] [--n4 100] [--n16 160]``. Launches an
 embedded PostgreSQL (fsync on), applies the migrations, then, for each round and at
-concurrency 1 and 16, runs these paths one after another in an order that rotates by round
+concurrency 1, 4 and 16, runs these paths one after another in an order that rotates by round
 (so before and after see the same machine, interleaved):
 
 - ``raw``: one ``INSERT`` of an entry row plus one outbox ``INSERT`` in one transaction,
@@ -107,7 +107,7 @@ def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-async def main(rounds: int, n1: int, n16: int) -> None:
+async def main(rounds: int, n1: int, n4: int, n16: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pg = EmbeddedPostgres(Path(tmp))
         await pg.start()
@@ -121,7 +121,7 @@ async def main(rounds: int, n1: int, n16: int) -> None:
             }
             await accounts.ensure_account("b")
             for path in svcs:
-                for conc in (1, 16):
+                for conc in (1, 4, 16):
                     for r in range(rounds):
                         for agent in [f"{path}-one{conc}-{r}"] + [
                             f"{path}-many{conc}-{r}-{j}" for j in range(50)
@@ -134,7 +134,7 @@ async def main(rounds: int, n1: int, n16: int) -> None:
                 )
             print(
                 f"memory_store ops/s, {rounds} rounds, {n1} ops per path at concurrency 1, "
-                f"{n16} at 16; load average at start {load()}"
+                f"{n4} at 4, {n16} at 16; load average at start {load()}"
             )
 
             def store(path: str, agent: Callable[[int], str]) -> Op:
@@ -145,7 +145,7 @@ async def main(rounds: int, n1: int, n16: int) -> None:
 
             ratios: dict[tuple[int, str], list[float]] = {}
             figures: dict[tuple[int, str], list[float]] = {}
-            for conc, n in ((1, n1), (16, n16)):
+            for conc, n in ((1, n1), (4, n4), (16, n16)):
                 for r in range(rounds):
                     paths: dict[str, Op] = {
                         "raw": lambda i, c=conc, r=r: raw_insert(pool, f"raw{c}-{r}-{i % 50}", i),
@@ -180,7 +180,7 @@ async def main(rounds: int, n1: int, n16: int) -> None:
                         figures.setdefault((conc, name), []).append(ops)
                         ratios.setdefault((conc, name), []).append(ops / raw)
             print(f"median over rounds (ops/s, ratio to the same round's raw); load {load()}")
-            for conc in (1, 16):
+            for conc in (1, 4, 16):
                 cells = []
                 for name in sorted({n for c, n in figures if c == conc}, key=ORDER.index):
                     ops = statistics.median(figures[(conc, name)])
@@ -207,6 +207,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--n1", type=int, default=60, help="ops per path at concurrency 1")
+    ap.add_argument("--n4", type=int, default=100, help="ops per path at concurrency 4")
     ap.add_argument("--n16", type=int, default=160, help="ops per path at concurrency 16 (<= 500)")
     a = ap.parse_args()
-    asyncio.run(main(a.rounds, a.n1, a.n16))
+    asyncio.run(main(a.rounds, a.n1, a.n4, a.n16))
