@@ -35,6 +35,7 @@ from memstream.agents_ctx.memory import policy
 from memstream.agents_ctx.memory.outbox import (
     ENTRY_COLUMNS,
     NEXT_VERSION,
+    UPSERT_SET,
     append_typed_events,
     entry_of_row,
 )
@@ -70,12 +71,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
     WITH ORDINALITY AS u(a, g, o, k, c, cat, vis, imp, uid, h, exp, cr, up, rc, lr, found, n)
 ORDER BY n
 ON CONFLICT (account_id, agent_id, owner, key) DO UPDATE SET
-    content = EXCLUDED.content, category = EXCLUDED.category,
-    visibility = EXCLUDED.visibility, importance = EXCLUDED.importance,
-    user_id = EXCLUDED.user_id, content_hash = EXCLUDED.content_hash,
-    expires_at = EXCLUDED.expires_at, created_at = EXCLUDED.created_at,
-    updated_at = EXCLUDED.updated_at, recall_count = EXCLUDED.recall_count,
-    last_recalled_at = EXCLUDED.last_recalled_at, last_decayed_at = NULL,
+{UPSERT_SET}
     version = {NEXT_VERSION}
 WHERE memory_entries.version = EXCLUDED.version
 RETURNING {ENTRY_COLUMNS}

@@ -125,16 +125,20 @@ async def capacity_usage(
     return Usage(agent=int(row["agent_count"]), user=int(row["user_count"]))
 
 
-_UPSERT: Final = f"""
-INSERT INTO memory_entries ({ENTRY_COLUMNS})
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, {NEXT_VERSION})
-ON CONFLICT (account_id, agent_id, owner, key) DO UPDATE SET
+UPSERT_SET: Final = """\
     content = EXCLUDED.content, category = EXCLUDED.category,
     visibility = EXCLUDED.visibility, importance = EXCLUDED.importance,
     user_id = EXCLUDED.user_id, content_hash = EXCLUDED.content_hash,
     expires_at = EXCLUDED.expires_at, created_at = EXCLUDED.created_at,
     updated_at = EXCLUDED.updated_at, recall_count = EXCLUDED.recall_count,
-    last_recalled_at = EXCLUDED.last_recalled_at, last_decayed_at = NULL,
+    last_recalled_at = EXCLUDED.last_recalled_at, last_decayed_at = NULL,"""
+"""What an upsert of an entry over its identity sets, but the version (each writer's own)."""
+
+_UPSERT: Final = f"""
+INSERT INTO memory_entries ({ENTRY_COLUMNS})
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, {NEXT_VERSION})
+ON CONFLICT (account_id, agent_id, owner, key) DO UPDATE SET
+{UPSERT_SET}
     version = EXCLUDED.version
 """
 
