@@ -83,7 +83,7 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))] * 1000
 
 
-#: CPU seconds of this process per path (client, server and engines' Python side): on a
+#: CPU seconds of this process per call, by path name (client, server and engines' Python side): on a
 #: shared machine the steadier figure, since waiting for a core does not count.
 CPU: dict[str, float] = {}
 
@@ -120,8 +120,8 @@ async def interleaved(
             await ops[name](ref)
             out[name].append(time.perf_counter() - t)
             cpu[name] += time.process_time() - c
-    for name, op in ops.items():
-        CPU[getattr(op, "__name__", name)] = cpu[name] / n
+    for name in ops:
+        CPU[name] = cpu[name] / n
     return out
 
 
@@ -299,25 +299,18 @@ async def main(args: argparse.Namespace) -> None:
                 assert r.status_code == 200, r.text
                 return r
 
-            lean = LeanHttp(port)
+            def over_lean(client: LeanHttp) -> Callable[[ThreadRef], Awaitable[object]]:
+                async def get(ref: ThreadRef) -> object:
+                    status, body = await client.get(
+                        f"/v1/agents/{ref.agent_id}/threads/{ref.thread_id}/context",
+                        {"Authorization": f"Bearer {key}", "X-Memstream-User": users[ref]},
+                    )
+                    assert status == 200, body
+                    return body
 
-            async def over_lean_http(ref: ThreadRef) -> object:
-                status, body = await lean.get(
-                    f"/v1/agents/{ref.agent_id}/threads/{ref.thread_id}/context",
-                    {"Authorization": f"Bearer {key}", "X-Memstream-User": users[ref]},
-                )
-                assert status == 200, body
-                return body
+                return get
 
-            plain_lean = LeanHttp(plain_port)
-
-            async def over_lean_plain(ref: ThreadRef) -> object:
-                status, body = await plain_lean.get(
-                    f"/v1/agents/{ref.agent_id}/threads/{ref.thread_id}/context",
-                    {"Authorization": f"Bearer {key}", "X-Memstream-User": users[ref]},
-                )
-                assert status == 200, body
-                return body
+            lean, plain_lean = LeanHttp(port), LeanHttp(plain_port)
 
             app = server.config.loaded_app
 
@@ -353,52 +346,31 @@ async def main(args: argparse.Namespace) -> None:
                 assert sent[0]["status"] == 200, sent
                 return sent
 
-            ops = (
-                raw,
-                raw_and_thread,
-                in_process,
-                over_http,
-                over_lean_http,
-                over_lean_plain,
-                asgi,
-            )
-            for op in ops:  # warm caches
+            ops = {
+                "raw": raw,
+                "raw+thread": raw_and_thread,
+                "in-process": in_process,
+                "http": over_http,
+                "http-lean": over_lean(lean),
+                "lean-before": over_lean(plain_lean),
+                "asgi": asgi,
+            }
+            for op in ops.values():  # warm caches
                 await timed(50, refs, op)
-            results = await interleaved(
-                args.turns,
-                refs,
-                {
-                    "raw": raw,
-                    "raw+thread": raw_and_thread,
-                    "in-process": in_process,
-                    "http": over_http,
-                    "http-lean": over_lean_http,
-                    "lean-before": over_lean_plain,
-                    "asgi": asgi,
-                },
-            )
+            results = await interleaved(args.turns, refs, ops)
             await lean.close()
             await plain_lean.close()
         server.should_exit = plain_server.should_exit = True
         await serving
         await plain_serving
         base50, base99 = pct(results["raw"], 0.5), pct(results["raw"], 0.99)
-        names = {
-            "raw": "raw",
-            "raw+thread": "raw_and_thread",
-            "in-process": "in_process",
-            "http": "over_http",
-            "http-lean": "over_lean_http",
-            "lean-before": "over_lean_plain",
-            "asgi": "asgi",
-        }
         print(
             f"{'path':<12} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'CPU ms':>7}  "
             "ratio p50/p99 vs raw"
         )
         for name, xs in results.items():
             p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
-            cpu_ms = CPU[names[name]] * 1000
+            cpu_ms = CPU[name] * 1000
             print(
                 f"{name:<12} {p50:8.2f} {p99:8.2f} {statistics.mean(xs) * 1000:8.2f} "
                 f"{cpu_ms:7.2f}  {p50 / base50:.2f}x / {p99 / base99:.2f}x"
@@ -410,7 +382,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"{name} / in-process: p50 {pct(xs, 0.5) / pct(inproc, 0.5):.2f}x, "
                 f"p99 {pct(xs, 0.99) / pct(inproc, 0.99):.2f}x, "
                 f"min {min(xs) / min(inproc):.2f}x, "
-                f"CPU {CPU[names[name]] / CPU['in_process']:.2f}x"
+                f"CPU {CPU[name] / CPU['in-process']:.2f}x"
             )
     finally:
         await journal.close()
