@@ -17,7 +17,8 @@ processor_errors_total                         counter    processor, kind (decod
 processor_latency_seconds                      histogram  processor
 processor_last_commit_timestamp_seconds        gauge      processor
 consumer_lag                                   gauge      group, topic, partition
-consumer_gaps_total                            counter    processor, kind (rewound, accepted)
+consumer_gaps_total                            counter    processor, kind (rewound, accepted,
+                                                          store)
 projection_gap                                 gauge      projection
 dlq_events_total                               counter    processor, origin_topic
 journal_append_seconds                         histogram  -
@@ -144,7 +145,9 @@ class Metrics:
             "memstream_consumer_gaps",
             "Polls whose first record of a partition was past the next offset the processor "
             "expected: rewound (sought back and re-read) or accepted (the broker no longer has "
-            "the records in between, e.g. retention).",
+            "the records in between, e.g. retention); store: the processor's own store held "
+            "less than the committed offset (lost acknowledged writes) and the range was read "
+            "again.",
             ["processor", "kind"],
             registry=r,
         )

@@ -69,3 +69,11 @@ def thread_pattern(ref: ThreadRef) -> str:
     """A SCAN ``MATCH`` pattern for every key of one thread (glob characters escaped)."""
     tag = "".join("\\" + c if c in "*?[]\\" else c for c in ref.key)
     return f"{PREFIX}:{{{tag}}}:*"
+
+
+def consumer_positions(group: str) -> str:
+    """Hash ``<topic>:<partition>`` -> next offset: how far consumer group ``group`` has
+    counted, written in the same script as the counts it covers (the counters processor).
+    Unlike Kafka's committed offset it cannot run ahead of what Redis holds: a Redis that
+    lost acknowledged writes (a kill under ``appendfsync everysec``) rolls it back with them."""
+    return f"{PREFIX}:stream:{group}:next"

@@ -68,8 +68,15 @@ T = TypeVar("T")
 # KEYS = one per thread, its key base (redis_keys.thread_base, "ms:{tag}:"; the script
 # appends "summarized", the counters hash name ARGV[1] ("counters", or a rebuild's
 # "counters.gN") and, for the legacy claims, "counted:<offset>" + ARGV[3] ("" or ".gN"), as
-# redis_keys does). ARGV[4..] = per thread its messages as one string
-# "<offset> <tokens> <offset> <tokens> ...". Two arguments per thread instead of three per
+# redis_keys does). ARGV[4] = the consumer positions of the batch ("" for none), per
+# partition "<topic>:<partition> <next offset> <expected>": the positions hash (the last key,
+# redis_keys.consumer_positions) is first checked against <expected> (what the caller last
+# wrote, or the group's committed offset; "-" for no check): below it, or missing, Redis lost
+# acknowledged writes, and the script changes nothing and answers "!" followed by
+# "<topic>:<partition> <position or ->" per such partition. Otherwise the positions are raised
+# to <next offset> with the counts, unless some thread's watermark is unknown (the caller
+# counts those again, with the positions). ARGV[5..] = per thread its messages as
+# one string "<offset> <tokens> <offset> <tokens> ...". Two arguments per thread instead of three per
 # message, and one script per batch, because packing a pipelined EVALSHA's arguments in
 # redis-py cost ~3x the script's own run time (docs/streams.md). The script spans threads,
 # so hash slots: memstream talks to one Redis/Valkey node (a Cluster client would have to
@@ -80,13 +87,27 @@ T = TypeVar("T")
 # c(ounted), d(uplicate), s(ummarized already) (the counters after message i follow by
 # adding the counted ones up to i).
 _COUNT_MANY: Final = """
-local hname, maxgaps, csuffix = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local out = {}
-for j = 1, #KEYS do
+local hname, maxgaps, csuffix, positions = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local out, unknown = {}, false
+if positions ~= '' then
+  local pk, behind = KEYS[#KEYS], {}
+  local words = string.gmatch(positions, '%S+')
+  for field in words do
+    local _, expected = words(), words()
+    if expected ~= '-' then
+      local cur = redis.call('HGET', pk, field)
+      if not cur or tonumber(cur) < tonumber(expected) then
+        behind[#behind + 1] = field .. ' ' .. (cur or '-')
+      end
+    end
+  end
+  if #behind > 0 then return '!' .. table.concat(behind, ' ') end
+end
+for j = 1, #ARGV - 4 do
   local base = KEYS[j]
   local wm = redis.call('GET', base .. 'summarized')
   if not wm then
-    out[j] = 'nowm'
+    out[j] = 'nowm'; unknown = true
   else
     wm = tonumber(wm)
     local ck = base .. hname
@@ -112,7 +133,7 @@ for j = 1, #KEYS do
       end
     end
     local st, n, dt, dm = {}, 0, 0, 0
-    local words = string.gmatch(ARGV[j + 3], '%S+')
+    local words = string.gmatch(ARGV[j + 4], '%S+')
     for w in words do
       local off, tok = tonumber(w), tonumber(words())
       local s = 'd'
@@ -166,6 +187,16 @@ for j = 1, #KEYS do
       end
     end
     out[j] = string.format('%d %d %d %d %d ', wm, t, m, t + dt, m + dm) .. table.concat(st)
+  end
+end
+if positions ~= '' and not unknown then
+  local pk = KEYS[#KEYS]
+  local words = string.gmatch(positions, '%S+')
+  for field in words do
+    local next_offset = words()
+    words()
+    local cur = tonumber(redis.call('HGET', pk, field))
+    if cur == nil or cur < tonumber(next_offset) then redis.call('HSET', pk, field, next_offset) end
   end
 end
 return table.concat(out, '|')
@@ -238,6 +269,29 @@ MAX_GAPS: Final = 32
 CountStatus = Literal["counted", "duplicate", "summarized", "no_watermark"]
 _LETTER: Final[dict[str, CountStatus]] = {"c": "counted", "d": "duplicate", "s": "summarized"}
 
+
+@dataclass(frozen=True, slots=True)
+class ConsumerPositions:
+    """What a counted batch reaches, per partition of consumer group ``group``'s input:
+    ``(topic, partition) -> next offset`` (the batch's highest offset + 1)."""
+
+    group: str
+    next_offsets: Mapping[tuple[str, int], int]
+    #: per partition, the position Redis must hold at least (what this consumer last wrote,
+    #: or the group's committed offset at assignment); a partition left out is not checked
+    expected: Mapping[tuple[str, int], int]
+
+
+class PositionsBehind(Exception):  # noqa: N818 - an outcome the caller acts on
+    """Redis holds less than :attr:`ConsumerPositions.expected` for ``behind`` (``(topic,
+    partition) -> its position, None if it has none``): it lost acknowledged writes. Nothing
+    was counted; read those partitions again from there."""
+
+    def __init__(self, behind: Mapping[tuple[str, int], int | None]) -> None:
+        super().__init__(f"redis lost counted positions: {dict(behind)}")
+        self.behind = dict(behind)
+
+
 #: One thread's messages for :meth:`ThreadState.count_threads`: ``(offset, tokens)``, in order.
 Steps = Sequence[tuple[int, int]]
 
@@ -292,6 +346,15 @@ def _thread_count(text: str) -> ThreadCount:
     return ThreadCount(True, int(wm), int(t), int(m), int(t1), int(m1), statuses)
 
 
+def _positions_of(text: str) -> dict[tuple[str, int], int | None]:
+    words = text.split(" ")
+    out: dict[tuple[str, int], int | None] = {}
+    for field, position in zip(words[::2], words[1::2], strict=True):
+        topic, _, partition = field.rpartition(":")
+        out[(topic, int(partition))] = None if position == "-" else int(position)
+    return out
+
+
 async def _call(fn: Callable[[], Awaitable[T]], doing: str) -> T:
     try:
         return await fn()
@@ -322,6 +385,7 @@ class ThreadState:
         *,
         counters_name: str = COUNTERS,
         legacy_claim_suffix: str = "",
+        positions: ConsumerPositions | None = None,
     ) -> list[ThreadCount]:
         """Count each thread's ``(offset, tokens)`` steps, in order, into its counters; one
         :class:`ThreadCount` per thread, in ``steps`` order.
@@ -332,14 +396,31 @@ class ThreadState:
         watermark is never counted. ``counters_name`` names the hash under the thread's key
         base (a rebuild counts into ``counters.gN``, ``legacy_claim_suffix`` ``.gN``: the
         claims an older version wrote for it).
+
+        ``positions``: the consumer positions the batch reaches, written in the same atomic
+        step as the counts (raised, never lowered) unless a thread's watermark is unknown, so
+        Redis holds exactly the counts of what lies below its positions, whatever it lost.
+        First they are checked against ``positions.expected``: a partition Redis holds less
+        of raises :class:`PositionsBehind`, and nothing is counted.
         """
-        if not steps:
+        if not steps and positions is None:
             return []
         keys = [redis_keys.thread_base(ref) for ref in steps]
-        args: list[int | str] = [counters_name, MAX_GAPS, legacy_claim_suffix]
+        args: list[int | str] = [counters_name, MAX_GAPS, legacy_claim_suffix, ""]
+        if positions is not None and positions.next_offsets:
+            keys.append(redis_keys.consumer_positions(positions.group))
+            want = positions.expected
+            args[3] = " ".join(
+                f"{t}:{p} {o} {want.get((t, p), '-')}"
+                for (t, p), o in positions.next_offsets.items()
+            )
         args += (" ".join(f"{o} {max(0, t)}" for o, t in s) for s in steps.values())
         raw = await _call(lambda: self._count_many(keys=keys, args=args), "counting messages")
         reply = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if reply.startswith("!"):
+            raise PositionsBehind(_positions_of(reply[1:]))
+        if not steps:
+            return []
         return [_thread_count(part) for part in reply.split("|")]
 
     async def count_messages(

@@ -88,6 +88,7 @@ from memstream.streams.processor import (
     Publish,
     RawRecord,
     RetryPolicy,
+    Rewind,
     new_raw_record,
 )
 
@@ -282,6 +283,7 @@ class ProcessorConsumer:
         self._gap_seen: dict[TopicPartition, int] = {}
         self._gaps_rewound = metrics.consumer_gaps.labels(processor.name, "rewound")
         self._gaps_accepted = metrics.consumer_gaps.labels(processor.name, "accepted")
+        self._store_rewinds = metrics.consumer_gaps.labels(processor.name, "store")
         #: What this member applied per held partition (``streams.coverage``), if stored.
         self.coverage = PartitionCoverage(coverage, self.group_id) if coverage else None
         self._coverage_failing = False
@@ -384,19 +386,8 @@ class ProcessorConsumer:
             try:
                 epoch = self._epoch
                 batch, offsets = await self._poll()
-                if batch:
-                    async with self._lock:
-                        if epoch != self._epoch:
-                            # a rebalance came between poll and dispatch: re-read the batch
-                            # (its records may come from the new assignment, whose position
-                            # already moved past them)
-                            self._rewind(batch)
-                            continue
-                        try:
-                            await self._dispatch(batch, offsets)
-                        except Exception:
-                            self._rewind(batch)  # never skip records that were not handled
-                            raise
+                if batch and not await self._hand_over(batch, offsets, epoch):
+                    continue
                 if time.monotonic() - self._last_commit_at >= self._commit_interval:
                     async with self._lock:
                         await self._commit()
@@ -444,6 +435,27 @@ class ProcessorConsumer:
                 self.state.recovered()
                 self._dispatcher.paused_on = None
                 backoff = pause = MIN_BACKOFF_S
+
+    async def _hand_over(
+        self, batch: list[RawRecord], offsets: dict[TopicPartition, int], epoch: int
+    ) -> bool:
+        """Dispatch a polled batch; False when it was sought back to be read again."""
+        async with self._lock:
+            if epoch != self._epoch:
+                # a rebalance came between poll and dispatch: re-read the batch (its records
+                # may come from the new assignment, whose position already moved past them)
+                self._rewind(batch)
+                return False
+            try:
+                await self._dispatch(batch, offsets)
+            except Rewind as r:
+                self._rewind(batch)
+                await self._resume_at(r)
+                return False
+            except Exception:
+                self._rewind(batch)  # never skip records that were not handled
+                raise
+        return True
 
     async def _poll(self) -> tuple[list[RawRecord], dict[TopicPartition, int]]:
         """One batch and the offsets to commit once it is handled. A gap (see module doc)
@@ -577,6 +589,32 @@ class ProcessorConsumer:
         for tp, offset in lowest_offsets(batch).items():
             self._seek(tp, max(offset, self._pending.get(tp, offset)))
 
+    async def _resume_at(self, rewind: Rewind) -> None:
+        """Read the partitions of ``rewind`` again from its offsets (the processor's store
+        lost what the group had committed past them). Caller holds the lock."""
+        held = {(tp.topic, tp.partition): tp for tp in self._consumer.assignment()}
+        for key, offset in rewind.offsets.items():
+            tp = held.get(key)
+            if tp is None:
+                continue  # not ours any more: its new owner checks it on assignment
+            self._store_rewinds.inc()
+            log.warning(
+                "%s: %s[%d]: %s; reading it again from %s",
+                self.processor.name,
+                tp.topic,
+                tp.partition,
+                rewind.reason,
+                "its start" if offset is None else f"offset {offset}",
+            )
+            self._pending.pop(tp, None)
+            if offset is None:
+                self._next.pop(tp, None)
+                with contextlib.suppress(Exception):  # revoked in between
+                    await self._consumer.seek_to_beginning(tp)
+            else:
+                self._next[tp] = offset
+                self._seek(tp, offset)
+
     def _seek(self, tp: TopicPartition, offset: int) -> None:
         if tp not in self._consumer.assignment():
             return  # not ours any more: its new owner reads it from the committed offset
@@ -642,6 +680,10 @@ class ProcessorConsumer:
             known[tp] = committed if committed is not None and committed >= 0 else None
             if committed is not None and committed >= 0:
                 self._next[tp] = committed
+        try:
+            await self.processor.assigned({(tp.topic, tp.partition): c for tp, c in known.items()})
+        except Exception:  # noqa: BLE001 - a hook of the processor's own bookkeeping
+            log.exception("%s: its assignment hook failed", self.processor.name)
         if self.coverage is not None:
             await self._assign_coverage(known)
 

@@ -43,7 +43,7 @@ import orjson
 from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InvalidRequest
 from memstream.infra.summary_store import SummaryStore
-from memstream.infra.thread_state import ThreadState
+from memstream.infra.thread_state import ConsumerPositions, PositionsBehind, ThreadState
 from memstream.schemas.events import ENVELOPE_VERSION, Envelope, decode, summary_requested
 from memstream.schemas.records import Message, ThreadRef, req_int, req_str
 from memstream.schemas.topics import JOURNAL
@@ -53,6 +53,7 @@ from memstream.streams.processor import (
     ProcessorContext,
     RawRecord,
     Received,
+    Rewind,
 )
 from memstream.streams.thresholds import ThresholdCounters, should_summarize
 
@@ -172,16 +173,33 @@ class CountersProcessor(Processor):
         self._guard_ttl = guard_ttl_s
         self._clock = clock or SystemClock()
         self._ctx: ProcessorContext | None = None
+        #: per (topic, partition), the position Redis must hold at least: what this process
+        #: last wrote there, or the committed offset at assignment (see ``assigned``)
+        self._written: dict[tuple[str, int], int] = {}
 
     async def start(self, ctx: ProcessorContext) -> None:
         self._ctx = ctx
+
+    async def assigned(self, committed: Mapping[tuple[str, int], int | None]) -> None:
+        # What Redis must hold for these partitions: the group committed past it, so it was
+        # counted (a fresh group, None, is not checked).
+        for tp, offset in committed.items():
+            if offset is None:
+                self._written.pop(tp, None)
+            else:
+                self._written[tp] = offset
 
     async def handle(self, envelope: Envelope, meta: EventMeta) -> None:
         await self.handle_batch([Received(envelope, meta)])
 
     async def handle_raw(self, records: Sequence[RawRecord]) -> None:
         groups: dict[ThreadKey, list[tuple[int, int]]] = {}
+        reach: dict[tuple[str, int], int] = {}
         for rec in records:
+            meta = rec.meta
+            tp = (meta.topic, meta.partition)
+            if meta.offset >= reach.get(tp, -1):
+                reach[tp] = meta.offset + 1
             step = read_step(rec.value)  # DecodeError: the runtime isolates the record
             if step is None:
                 continue
@@ -190,9 +208,26 @@ class CountersProcessor(Processor):
             if steps is None:
                 groups[key] = steps = []
             steps.append((offset, tokens))
-        await self._publish(
-            await self.count_threads({ThreadRef(*k): steps for k, steps in groups.items()})
+        ctx = self._ctx
+        assert ctx is not None, "start() was not called"
+        written = self._written
+        positions = ConsumerPositions(
+            ctx.group_id, reach, {tp: written[tp] for tp in reach if tp in written}
         )
+        try:
+            requests = await self.count_threads(
+                {ThreadRef(*k): steps for k, steps in groups.items()}, positions=positions
+            )
+        except PositionsBehind as e:
+            for tp in e.behind:
+                written.pop(tp, None)  # read again from Redis's own position: no check
+            raise Rewind(
+                e.behind, "valkey holds fewer counted records than were acknowledged"
+            ) from e
+        for tp, offset in reach.items():
+            if offset > written.get(tp, -1):
+                written[tp] = offset
+        await self._publish(requests)
 
     async def handle_batch(self, items: Sequence[Received]) -> None:
         await self._publish(
@@ -249,14 +284,21 @@ class CountersProcessor(Processor):
         return await self.count_threads(groups)
 
     async def count_threads(
-        self, groups: Mapping[ThreadRef, Sequence[tuple[int, int]]]
+        self,
+        groups: Mapping[ThreadRef, Sequence[tuple[int, int]]],
+        *,
+        positions: ConsumerPositions | None = None,
     ) -> list[Envelope]:
         """Count each thread's ``(offset, token_count)`` steps (in log order); the
         ``summary.requested`` envelopes to publish. Three Redis round trips at most (count,
-        reload the watermarks Redis lost, claim guards)."""
+        reload the watermarks Redis lost, claim guards). ``positions``: the consumer
+        positions the batch reaches, checked and recorded with the counts
+        (:meth:`ThreadState.count_threads`; raises ``PositionsBehind``)."""
         if not groups:
+            if positions is not None:
+                await self._state.count_threads({}, positions=positions)
             return []
-        counts = await self._state.count_threads(groups)
+        counts = await self._state.count_threads(groups, positions=positions)
         lost = [ref for ref, c in zip(groups, counts, strict=True) if not c.known]
         if lost:
             # First sight of these threads since Redis was (re)started: learn what is
@@ -269,7 +311,9 @@ class CountersProcessor(Processor):
                 return ref, current.last_message_offset if current is not None else -1
 
             await self._state.init_watermarks(dict(await asyncio.gather(*map(load, lost))))
-            again = await self._state.count_threads({ref: groups[ref] for ref in lost})
+            again = await self._state.count_threads(
+                {ref: groups[ref] for ref in lost}, positions=positions
+            )
             redone = dict(zip(lost, again, strict=True))
             counts = [redone.get(ref, c) for ref, c in zip(groups, counts, strict=True)]
         candidates: list[_Counted] = []

@@ -54,7 +54,7 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any, Final
@@ -78,6 +78,7 @@ __all__ = [
     "RawRecord",
     "Received",
     "RetryPolicy",
+    "Rewind",
 ]
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,19 @@ class ProcessorContext:
         await self.publish_raw(topic, key.encode() if key is not None else None, value)
 
 
+class Rewind(Exception):  # noqa: N818 - an instruction, not a failure
+    """Raised by a handler whose store holds less than the runtime believes (a Redis that
+    lost acknowledged writes to a kill between two fsyncs): nothing of the batch was applied;
+    read each ``(topic, partition)`` again from ``offsets`` (None: from the start of the
+    partition). The consumer seeks there and hands the records over again; never retried in
+    place, never dead-lettered."""
+
+    def __init__(self, offsets: Mapping[tuple[str, int], int | None], reason: str) -> None:
+        super().__init__(reason)
+        self.offsets = dict(offsets)
+        self.reason = reason
+
+
 class Processor(abc.ABC):
     """Base class of every stream processor.
 
@@ -264,6 +278,12 @@ class Processor(abc.ABC):
     async def handle_raw(self, records: Sequence[RawRecord]) -> None:
         """Apply several undecoded records in order (only with ``raw = True``). Idempotent."""
         raise NotImplementedError(f"{type(self).__name__} sets raw = True without handle_raw")
+
+    async def assigned(self, committed: Mapping[tuple[str, int], int | None]) -> None:  # noqa: B027
+        """Called when the group hands this member partitions, with each ``(topic,
+        partition)``'s committed offset (None: never committed). A processor whose store
+        records its own positions (the counters processor) checks them against these: a
+        store behind the committed offset lost acknowledged writes (see :class:`Rewind`)."""
 
 
 class Dispatcher:
@@ -453,7 +473,7 @@ class Dispatcher:
             attempt += 1
             try:
                 await call()
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Rewind):
                 raise
             except Exception as e:
                 if not is_transient(e):
