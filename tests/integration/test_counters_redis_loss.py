@@ -247,3 +247,27 @@ async def test_a_wiped_valkey_counts_the_journal_again(setup: Setup) -> None:
         await wait_counted(s)
     finally:
         await runner.stop()
+
+
+async def test_positions_left_from_an_earlier_log_do_not_blind_the_check(setup: Setup) -> None:
+    """A fresh broker starts the journal topic again at 0 while Valkey still holds positions
+    of the old log (here 10,000 per partition): the group never committed, so its first
+    batches set the positions instead of raising them, and a later rollback is still seen."""
+    s = setup
+    for partition in range(2):
+        await s.redis.hset(s.positions_key, f"{s.topics.journal}:{partition}", 10_000)
+    runner = s.runner()
+    await runner.start()
+    try:
+        await runner.wait_ready(60)
+        await send(s, 30)
+        await wait_counted(s)
+        before = await snapshot(s)
+        await send(s, 20)
+        await wait_counted(s)
+        await asyncio.sleep(1.5)
+        await roll_back(s, before)
+        await send(s, 5)
+        await wait_counted(s)
+    finally:
+        await runner.stop()

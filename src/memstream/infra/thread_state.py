@@ -71,7 +71,9 @@ T = TypeVar("T")
 # redis_keys does). ARGV[4] = the consumer positions of the batch ("" for none), per
 # partition "<topic>:<partition> <next offset> <expected>": the positions hash (the last key,
 # redis_keys.consumer_positions) is first checked against <expected> (what the caller last
-# wrote, or the group's committed offset; "-" for no check): below it, or missing, Redis lost
+# wrote, or the group's committed offset; "-" for no check, "=" for no check and a position
+# set rather than raised: a group that never committed, on a log that may have started again
+# at 0 on a fresh broker): below it, or missing, Redis lost
 # acknowledged writes, and the script changes nothing and answers "!" followed by
 # "<topic>:<partition> <position or ->" per such partition. Otherwise the positions are raised
 # to <next offset> with the counts, unless some thread's watermark is unknown (the caller
@@ -94,7 +96,7 @@ if positions ~= '' then
   local words = string.gmatch(positions, '%S+')
   for field in words do
     local _, expected = words(), words()
-    if expected ~= '-' then
+    if expected ~= '-' and expected ~= '=' then
       local cur = redis.call('HGET', pk, field)
       if not cur or tonumber(cur) < tonumber(expected) then
         behind[#behind + 1] = field .. ' ' .. (cur or '-')
@@ -193,10 +195,11 @@ if positions ~= '' and not unknown then
   local pk = KEYS[#KEYS]
   local words = string.gmatch(positions, '%S+')
   for field in words do
-    local next_offset = words()
-    words()
+    local next_offset, expected = words(), words()
     local cur = tonumber(redis.call('HGET', pk, field))
-    if cur == nil or cur < tonumber(next_offset) then redis.call('HSET', pk, field, next_offset) end
+    if expected == '=' or cur == nil or cur < tonumber(next_offset) then
+      redis.call('HSET', pk, field, next_offset)
+    end
   end
 end
 return table.concat(out, '|')
@@ -280,6 +283,9 @@ class ConsumerPositions:
     #: per partition, the position Redis must hold at least (what this consumer last wrote,
     #: or the group's committed offset at assignment); a partition left out is not checked
     expected: Mapping[tuple[str, int], int]
+    #: partitions whose position is set to this batch's rather than raised (the group never
+    #: committed them: what Redis holds may count a log a fresh broker started again at 0)
+    reset: frozenset[tuple[str, int]] = frozenset()
 
 
 class PositionsBehind(Exception):  # noqa: N818 - an outcome the caller acts on
@@ -409,9 +415,9 @@ class ThreadState:
         args: list[int | str] = [counters_name, MAX_GAPS, legacy_claim_suffix, ""]
         if positions is not None and positions.next_offsets:
             keys.append(redis_keys.consumer_positions(positions.group))
-            want = positions.expected
+            want, reset = positions.expected, positions.reset
             args[3] = " ".join(
-                f"{t}:{p} {o} {want.get((t, p), '-')}"
+                f"{t}:{p} {o} {'=' if (t, p) in reset else want.get((t, p), '-')}"
                 for (t, p), o in positions.next_offsets.items()
             )
         args += (" ".join(f"{o} {max(0, t)}" for o, t in s) for s in steps.values())

@@ -176,6 +176,8 @@ class CountersProcessor(Processor):
         #: per (topic, partition), the position Redis must hold at least: what this process
         #: last wrote there, or the committed offset at assignment (see ``assigned``)
         self._written: dict[tuple[str, int], int] = {}
+        #: partitions the group never committed: their first batch sets the position
+        self._reset: set[tuple[str, int]] = set()
 
     async def start(self, ctx: ProcessorContext) -> None:
         self._ctx = ctx
@@ -183,11 +185,15 @@ class CountersProcessor(Processor):
     async def assigned(self, committed: Mapping[tuple[str, int], int | None]) -> None:
         # What Redis must hold for these partitions: the group committed past it, so it was
         # counted (a fresh group, None, is not checked).
+        # A partition the group never committed (a first start, or a fresh broker whose log
+        # starts again at 0) sets its position with its first batch instead of raising it.
         for tp, offset in committed.items():
             if offset is None:
                 self._written.pop(tp, None)
+                self._reset.add(tp)
             else:
                 self._written[tp] = offset
+                self._reset.discard(tp)
 
     async def handle(self, envelope: Envelope, meta: EventMeta) -> None:
         await self.handle_batch([Received(envelope, meta)])
@@ -211,8 +217,12 @@ class CountersProcessor(Processor):
         ctx = self._ctx
         assert ctx is not None, "start() was not called"
         written = self._written
+        reset = self._reset
         positions = ConsumerPositions(
-            ctx.group_id, reach, {tp: written[tp] for tp in reach if tp in written}
+            ctx.group_id,
+            reach,
+            {tp: written[tp] for tp in reach if tp in written},
+            frozenset(tp for tp in reach if tp in reset) if reset else frozenset(),
         )
         try:
             requests = await self.count_threads(
@@ -225,8 +235,9 @@ class CountersProcessor(Processor):
                 e.behind, "valkey holds fewer counted records than were acknowledged"
             ) from e
         for tp, offset in reach.items():
-            if offset > written.get(tp, -1):
+            if offset > written.get(tp, -1) or tp in reset:
                 written[tp] = offset
+            reset.discard(tp)
         await self._publish(requests)
 
     async def handle_batch(self, items: Sequence[Received]) -> None:
