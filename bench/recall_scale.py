@@ -93,7 +93,7 @@ CONFIGS: dict[str, IndexTuning] = {
     ),
     "after-no-acorn": replace(TUNING, acorn_max_selectivity=None),
     "after-acorn0.4": replace(TUNING, acorn_max_selectivity=0.4),
-    "after-ef2048": replace(TUNING, hnsw_ef=2048),
+    "after-ef1024": replace(TUNING, hnsw_ef=1024),  # the previous round's TUNING
     "before-acorn": replace(LEGACY, acorn_max_selectivity=1.0),
     "ef256-acorn": replace(LEGACY, hnsw_ef=256, acorn_max_selectivity=1.0),
     "scan20k-ef256": replace(LEGACY, full_scan_kb=20_000, hnsw_ef=256),

@@ -92,7 +92,7 @@ TUNING: Final = IndexTuning(
     ef_construct=100,
     payload_m=16,
     full_scan_kb=10_000,
-    hnsw_ef=1024,
+    hnsw_ef=2048,
     tenant_fields=("agent_id",),
     graph_fields=("agent_id",),
     acorn_max_selectivity=1.0,
@@ -106,9 +106,10 @@ exactly that, for each agent larger than ``full_scan_kb`` (≈6,700 entries at 3
 at 1,536-d); smaller agents are scanned exactly through the payload index, which is both
 right and fast at that size. No other field gets per-value graphs (the account is the
 collection; visibility, owner, category and key never narrow enough to pay for a build).
-``hnsw_ef = 1024`` keeps the 100-candidate dense prefetch close to exact up to 100k entries
-per agent (256 was enough at 10k, not at 100k: hybrid hit@5 0.557 against 0.633 exact;
-1,024 gives 0.617), and ACORN (always) reaches entries whose graph neighbours the filter
+``hnsw_ef = 2048`` keeps the 100-candidate dense prefetch close to exact up to 100k entries
+per agent in every build measured (256 was enough at 10k, not at 100k: hybrid hit@5 0.557
+against 0.633 exact; 1,024 missed the 0.02 bound in two builds of five, gap 0.026 and 0.023;
+2,048 gave gaps 0.006, 0.000 and 0.006 in three), and ACORN (always) reaches entries whose graph neighbours the filter
 rejects: identical vectors are common in memory (the same fact stored privately by many
 users, an expired copy and its successor), and HNSW links a point to one of its duplicates
 rather than to all of them. Agents of up to ``exact_scan_kb = 30,000`` KB (20,000 entries
