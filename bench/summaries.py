@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import inspect
 import os
 import statistics
 import subprocess
@@ -158,9 +159,13 @@ async def main(
             def after() -> Processor:
                 return CountersProcessor(state, store, guard_ttl_s=600)
 
+            # the claim version (faff411 and earlier) took the claims' TTL
+            claims = "claim_ttl_s" in inspect.signature(before_counters_mod.CountersProcessor).parameters
+            ttl = {"claim_ttl_s": 3600} if claims else {}
+
             def before() -> Processor:
                 return before_counters_mod.CountersProcessor(  # type: ignore[no-any-return]
-                    before_state, store, claim_ttl_s=3600, guard_ttl_s=600
+                    before_state, store, guard_ttl_s=600, **ttl
                 )
 
             variants: dict[str, Callable[[], Processor]] = {"before": before, "after": after}
