@@ -11,6 +11,9 @@ without FastAPI's routing and dependency solving; FastAPI still documents them.
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 from fastapi import FastAPI, Response
 from starlette.routing import Route
 
@@ -39,6 +42,16 @@ from memstream.errors import RETRY_AFTER_S
 from memstream.schemas import wire
 from memstream.schemas.limits import MAX_REQUEST_BYTES
 
+#: FastAPI's native OpenTelemetry off (FastAPI >= 0.16x asks the global tracer, meter and
+#: logger providers on every request whether telemetry is configured: ~5% of the API loop
+#: under append load, for spans nobody exports; memstream's metrics are Prometheus, through
+#: ``Observe``). Older FastAPI has no such argument and no such cost.
+_NO_NATIVE_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
 
 def create_app(services: Services, *, hot_routes: bool = True) -> FastAPI:
     """The API over ``services``. ``hot_routes=False`` serves every route through FastAPI
@@ -48,6 +61,7 @@ def create_app(services: Services, *, hot_routes: bool = True) -> FastAPI:
         version=__version__,
         description="Memory for LLM agents: thread memory, agent memory, transcript search.",
         default_response_class=JSONResponse,
+        **_NO_NATIVE_TELEMETRY,
     )
     app.state.services = services
     errors.install(app)
