@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     server_restart_max_backoff_s: float = Field(
         default=15.0, gt=0, description="Longest wait before one restart try (0.5 s doubling)."
     )
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        default="auto",
+        description="The event loop of memstream up / api / worker: auto = uvloop when it is "
+        "installed (the server extra), else asyncio's.",
+    )
     readiness_interval_s: float = Field(
         default=1.0, gt=0, description="How often /healthz's probes run in the background."
     )

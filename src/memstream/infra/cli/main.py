@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import importlib
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -131,9 +133,28 @@ def setup_logging(verbose: bool, log_format: str = "text", access_log: bool = Fa
         logging.getLogger("memstream.access").setLevel(logging.INFO)
 
 
-def run(coro: object) -> object:
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop the serving commands run on: ``uvloop`` when asked or, for ``auto``, when it
+    is installed (the ``server`` extra); None (asyncio's own) for ``asyncio`` or without it."""
+    if choice == "asyncio":
+        return None
+    try:  # by name: mypy and the client-only install need not have it
+        uvloop = importlib.import_module("uvloop")
+    except ImportError:
+        if choice == "uvloop":
+            err.print("[red]MEMSTREAM_EVENT_LOOP=uvloop but uvloop is not installed[/]")
+            raise typer.Exit(2) from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def run(coro: object, loop: str = "asyncio") -> object:
+    """Run ``coro`` to its end; a ``MemstreamError`` exits 1 with its message. ``loop``:
+    the ``event_loop`` setting for the serving commands (``up``, ``api``, ``worker``)."""
     try:
-        return asyncio.run(coro)  # type: ignore[arg-type]
+        with asyncio.Runner(loop_factory=event_loop_factory(loop)) as runner:
+            return runner.run(coro)  # type: ignore[arg-type]
     except MemstreamError as e:
         err.print(f"[red]error:[/] {e.message}" + (f" (field: {e.field})" if e.field else ""))
         raise typer.Exit(1) from None
@@ -211,7 +232,8 @@ def up(
         st.record_state()
         print(f"memstream ready at {st.api_url}", flush=True)
 
-    run(serve_until_signal(stack, ready))  # the stack marks memstream.json not running
+    # the stack marks memstream.json not running
+    run(serve_until_signal(stack, ready), s.event_loop)
 
 
 @app.command()
@@ -233,7 +255,7 @@ def api(
     def ready(st: Stack) -> None:
         print(f"memstream api ready at {st.api_url}", flush=True)
 
-    run(serve_until_signal(stack, ready))
+    run(serve_until_signal(stack, ready), s.event_loop)
 
 
 @app.command()
@@ -255,7 +277,7 @@ def worker(
     def ready(_: Stack) -> None:
         print("memstream worker ready", flush=True)
 
-    run(serve_until_signal(stack, ready))
+    run(serve_until_signal(stack, ready), s.event_loop)
 
 
 @app.command()

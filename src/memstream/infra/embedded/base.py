@@ -26,12 +26,14 @@ import contextlib
 import ctypes
 import logging
 import os
+import pwd
 import signal
 import socket
 import sys
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -80,6 +82,19 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         with contextlib.suppress(OSError):
             libc = ctypes.CDLL("libc.so.6", use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _child_setup(uid: int | None) -> Callable[[], None]:
+    """What the child runs between fork and exec: become ``uid`` (as ``Popen(user=)`` does:
+    the real and effective uid; uvloop's ``subprocess_exec`` has no ``user=``), then ask to
+    die with its parent (after the switch: a credential change clears the death signal)."""
+
+    def setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+        if uid is not None:
+            os.setreuid(uid, uid)
+        _die_with_parent()
+
+    return setup
 
 
 async def tcp_answers(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -178,6 +193,8 @@ class EmbeddedServer(ABC):
         started = time.monotonic()
         await self.prepare()
         argv = self.command()
+        user = self.run_as()
+        uid = pwd.getpwnam(user).pw_uid if user is not None else None
         self._log_start = self._log_file.stat().st_size if self._log_file.exists() else 0
         log.info("starting %s on %s: %s", self.name, self.address, " ".join(argv))
         with self._log_file.open("ab") as out:
@@ -189,9 +206,8 @@ class EmbeddedServer(ABC):
                     stderr=asyncio.subprocess.STDOUT,
                     cwd=self.data_dir,
                     env=self.environment(),
-                    user=self.run_as(),
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - tiny, async-signal-safe
+                    preexec_fn=_child_setup(uid),  # noqa: PLW1509 - tiny, async-signal-safe
                 )
             except OSError as exc:
                 raise self._error(f"cannot execute {argv[0]}: {exc}") from exc
