@@ -41,6 +41,25 @@ def test_the_bound_is_never_below_a_message_s_contribution(
     assert got <= impact_bound(TermStats(df, max_tf, min_len), n_docs, avg_len, K1, B) + 1e-12
 
 
+@given(
+    df=st.integers(1, 10_000),
+    extra=st.integers(0, 10_000),
+    tf=st.integers(1, 50),
+    length=st.integers(1, 1_000),
+    slack=st.floats(0.0, 2.0),
+    avg_len=st.floats(1.0, 200.0),
+)
+def test_the_bound_from_the_highest_tf_part_is_never_below_a_message_s_contribution(
+    df: int, extra: int, tf: int, length: int, slack: float, avg_len: float
+) -> None:
+    n_docs = float(df + extra)
+    length = max(length, tf)
+    part = tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / avg_len))
+    got = bm25([tf], [float(df)], n_docs, length, avg_len, K1, B)
+    stats = TermStats(df, 1, 10_000, max_part=part + slack)  # max_tf/min_len then unused
+    assert got <= impact_bound(stats, n_docs, avg_len, K1, B) * (1 + 1e-12)
+
+
 def test_terms_no_one_holds_are_left_out_and_the_rarest_come_first() -> None:
     stats = {"common": TermStats(900, 3, 5), "rare": TermStats(4, 1, 9), "mid": TermStats(80, 2, 7)}
     assert rarest_first(["common", "missing", "rare", "mid"], stats) == ["rare", "mid", "common"]
@@ -55,6 +74,17 @@ def test_the_first_prefix_holds_k_messages_and_bounds_the_rest_below_its_idf() -
     assert plan(order, stats, bounds, 100, 10_000.0) == ["a", "b"]
     assert plan(order, stats, {**bounds, "c": 50.0}, 100, 10_000.0) == order
     assert plan(order, stats, bounds, 1_000_000, 10_000.0) == order
+
+
+def test_a_term_whose_kth_tf_part_outscores_the_rest_is_essential_alone() -> None:
+    # a's idf at 10k messages is ~3.0, below c's bound: the likely rule would take all
+    # terms; 100 messages score at least 3.0 x 2.0 from a alone, above the bound 3.5
+    stats = {"a": TermStats(500, 3, 4, 2.1, 2.0), "c": TermStats(5_000, 5, 3, 2.2, 1.9)}
+    bounds = {"a": 6.3, "c": 3.5}
+    assert plan(["a", "c"], stats, bounds, 100, 10_000.0) == ["a"]
+    unsure = {**stats, "a": TermStats(500, 3, 4, 2.1, 1.0)}  # 3.0 x 1.0 < 3.5
+    assert plan(["a", "c"], unsure, bounds, 100, 10_000.0) == ["a", "c"]
+    assert exact_with(["a", "c"], 1, bounds, 6.0) == 0  # the check then passes
 
 
 def test_the_check_passes_only_when_the_rest_cannot_reach_the_kth_score() -> None:

@@ -41,6 +41,14 @@ class TermStats:
     """Its highest count in one message."""
     min_len: int
     """The length (in terms) of the shortest message holding it."""
+    max_part: float | None = None
+    """Its highest *tf part* in one message: ``tf (k1 + 1) / (tf + k1 (1 - b + b len /
+    avg))``, BM25's factor after the idf, at that message's tf and length. When known, the
+    bound is exactly the term's highest contribution (tighter than ``max_tf`` in
+    ``min_len``, which may come from two different messages)."""
+    kth_part: float = 0.0
+    """Its ``k``-th highest tf part (0 when fewer than ``k`` messages hold it): ``k``
+    messages score at least ``idf x kth_part`` from this term alone (see :func:`plan`)."""
 
 
 def impact_bound(stats: TermStats, n_docs: float, avg_len: float, k1: float, b: float) -> float:
@@ -48,6 +56,8 @@ def impact_bound(stats: TermStats, n_docs: float, avg_len: float, k1: float, b: 
     term gets 0 from it)."""
     if stats.df <= 0:
         return 0.0
+    if stats.max_part is not None:
+        return max(0.0, idf(n_docs, float(stats.df)) * stats.max_part)
     tf = float(stats.max_tf)
     norm = k1 * (1 - b + b * stats.min_len / max(avg_len, 1.0))
     return max(0.0, idf(n_docs, float(stats.df)) * tf * (k1 + 1) / (tf + norm))
@@ -66,15 +76,21 @@ def plan(
     k: int,
     n_docs: float,
 ) -> list[str]:
-    """The first essential prefix to try: the shortest prefix of the rarest terms held by at
-    least ``k`` messages together (fewer cannot fill the best ``k``) whose rest's bounds sum
-    below the idf of its commonest term (about what a message holding that term once scores,
-    so the check of :func:`exact_with` is likely to pass at once); all terms when none is."""
+    """The first essential prefix to try: the shortest prefix of the rarest terms such that
+    either (sure) some term of it alone gives ``k`` messages more than the rest's bounds
+    sum to (``idf x kth_part``: the ``k``-th best score cannot be lower, so the check of
+    :func:`exact_with` passes), or (likely) the prefix is held by at least ``k`` messages
+    together (fewer cannot fill the best ``k``) and the rest's bounds sum below the idf of
+    its commonest term (about what a message holding that term once scores); all terms when
+    none is."""
     total = 0
+    floor = 0.0
     for i, w in enumerate(order):
         total += stats[w].df
+        term_idf = idf(n_docs, float(stats[w].df))
+        floor = max(floor, term_idf * stats[w].kth_part)
         rest = math.fsum(bounds[v] for v in order[i + 1 :])
-        if total >= k and rest < idf(n_docs, float(stats[w].df)):
+        if rest * (1 + BOUND_MARGIN) < floor or (total >= k and rest < term_idf):
             return list(order[: i + 1])
     return list(order)
 

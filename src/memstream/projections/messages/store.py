@@ -38,7 +38,7 @@ from memstream.errors import PermanentInfraError, RetryableInfraError
 from memstream.infra.embeddings import Embedder
 from memstream.projections.erased import ErasedThreads
 from memstream.projections.messages.arrow_batch import parse_journal_values
-from memstream.projections.messages.engine import ClickHouseEngine
+from memstream.projections.messages.engine import ClickHouseEngine, Row
 from memstream.projections.messages.fusion import bm25 as bm25_of
 from memstream.projections.messages.fusion import coverage, fuse, query_weight
 from memstream.projections.messages.postings import (
@@ -379,6 +379,36 @@ class MessageStore:
             out[(hit.thread_id, hit.offset)] = hit
         return out
 
+    async def _pruned_best(
+        self, spec: SearchSpec, stats: tuple[float, float], k: int
+    ) -> tuple[list[Row], list[int]]:
+        """BM25's best ``k`` over all threads with max-score pruning, and the query terms'
+        document frequencies: the terms' exact statistics, then the scoring with the
+        planned essential prefix (:func:`~.ranking.plan`), once more with a longer prefix
+        when :func:`~.ranking.exact_with` says the result could miss a message."""
+        n_docs, avg_len = stats
+        sql, params = term_stats_sql(self.database, spec, avg_len, k)
+        term_stats = {
+            str(t): TermStats(
+                int(str(df)), int(str(tf)), int(str(ln)), float(str(top)), float(str(kth))
+            )
+            for t, df, tf, ln, top, kth in await self.engine.rows(sql, params)
+        }
+        order = rarest_first(spec.words, term_stats)
+        if not order:
+            return [], []
+        dfs = [term_stats[w].df if w in term_stats else 0 for w in spec.words]
+        bounds = {w: impact_bound(term_stats[w], n_docs, avg_len, BM25_K1, BM25_B) for w in order}
+        essential = plan(order, term_stats, bounds, k, n_docs)
+        while True:
+            sql, params = score_sql(self.database, spec, dfs, stats, essential, k)
+            best = await self.engine.rows(sql, params)
+            kth_score = float(str(best[k - 1][3])) if len(best) >= k else None
+            retry = exact_with(order, len(essential), bounds, kth_score)
+            if not retry:
+                return best, dfs
+            essential = order[:retry]
+
     async def lexical_search(self, spec: SearchSpec) -> list[SearchHit]:
         """BM25 with the proximity bonus only (the whole search without a dense side).
 
@@ -389,33 +419,15 @@ class MessageStore:
         bonus over those and the final order. Then the text of the rows returned."""
         n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
         k = max(RERANK_WINDOW, spec.limit)
-        if spec.thread_id is not None:
-            # one thread holds few messages: score them all, counting df in the same query
+        if spec.thread_id is not None or len(spec.words) == 1:
+            # one thread holds few messages, and one word is always its own essential
+            # term: score every candidate, counting df in the same query (no statistics
+            # statement, no pruning to plan)
             sql, params = score_sql(self.database, spec, None, (n_docs, avg_len), spec.words, k)
             best = await self.engine.rows(sql, params)
             dfs = _ints(best[0][7]) if best else []
         else:
-            sql, params = term_stats_sql(self.database, spec)
-            term_stats = {
-                str(t): TermStats(int(str(df)), int(str(tf)), int(str(ln)))
-                for t, df, tf, ln in await self.engine.rows(sql, params)
-            }
-            order = rarest_first(spec.words, term_stats)
-            if not order:
-                return []
-            dfs = [term_stats[w].df if w in term_stats else 0 for w in spec.words]
-            bounds = {
-                w: impact_bound(term_stats[w], n_docs, avg_len, BM25_K1, BM25_B) for w in order
-            }
-            essential = plan(order, term_stats, bounds, k, n_docs)
-            while True:
-                sql, params = score_sql(self.database, spec, dfs, (n_docs, avg_len), essential, k)
-                best = await self.engine.rows(sql, params)
-                kth = float(str(best[k - 1][3])) if len(best) >= k else None
-                retry = exact_with(order, len(essential), bounds, kth)
-                if not retry:
-                    break
-                essential = order[:retry]
+            best, dfs = await self._pruned_best(spec, (n_docs, avg_len), k)
         ranked = rerank(
             spec.words,
             [
@@ -428,7 +440,7 @@ class MessageStore:
                     int(str(ln)),
                     [_ints(p) for p in _lists(pos)],
                 )
-                for t, o, ms, s, tf, ln, pos, _df in best
+                for t, o, ms, s, tf, ln, pos, *_ in best
             ],
             PROXIMITY_WINDOW,
             PROXIMITY_BOOST,
