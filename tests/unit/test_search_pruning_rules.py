@@ -77,14 +77,29 @@ def test_the_first_prefix_holds_k_messages_and_bounds_the_rest_below_its_idf() -
 
 
 def test_a_term_whose_kth_tf_part_outscores_the_rest_is_essential_alone() -> None:
-    # a's idf at 10k messages is ~3.0, below c's bound: the likely rule would take all
-    # terms; 100 messages score at least 3.0 x 2.0 from a alone, above the bound 3.5
+    # a's idf at 10k messages is ~3.0 (and ~3.7 with c's for messages holding both), below
+    # c's bound: the likely rules would take all terms; 100 messages score at least
+    # 3.0 x 2.0 from a alone, above the bound 5.0
     stats = {"a": TermStats(500, 3, 4, 2.1, 2.0), "c": TermStats(5_000, 5, 3, 2.2, 1.9)}
-    bounds = {"a": 6.3, "c": 3.5}
+    bounds = {"a": 6.3, "c": 5.0}
     assert plan(["a", "c"], stats, bounds, 100, 10_000.0) == ["a"]
-    unsure = {**stats, "a": TermStats(500, 3, 4, 2.1, 1.0)}  # 3.0 x 1.0 < 3.5
+    unsure = {**stats, "a": TermStats(500, 3, 4, 2.1, 1.0)}  # 3.0 x 1.0 < 5.0
     assert plan(["a", "c"], unsure, bounds, 100, 10_000.0) == ["a", "c"]
     assert exact_with(["a", "c"], 1, bounds, 6.0) == 0  # the check then passes
+
+
+def test_a_prefix_expected_to_hold_the_rest_in_2k_messages_counts_both_idfs() -> None:
+    # rare alone: idf ~4.75 < common's bound 5.6; 8,593 x 3.3 % = 282 >= 200 messages are
+    # expected to hold both, scoring about 4.75 + 3.41 > 5.6
+    stats = {"rare": TermStats(8_593, 2, 5), "common": TermStats(32_839, 3, 4)}
+    bounds = {"rare": 7.0, "common": 5.6}
+    assert plan(["rare", "common"], stats, bounds, 100, 1_000_000.0) == ["rare"]
+    # 400 x 3.3 % = 13 expected together: the single idf (~7.8) must beat the bound alone
+    few = {**stats, "rare": TermStats(400, 2, 5)}
+    assert plan(["rare", "common"], few, {**bounds, "common": 8.0}, 100, 1_000_000.0) == [
+        "rare",
+        "common",
+    ]
 
 
 def test_the_check_passes_only_when_the_rest_cannot_reach_the_kth_score() -> None:

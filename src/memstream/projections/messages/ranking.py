@@ -76,21 +76,36 @@ def plan(
     k: int,
     n_docs: float,
 ) -> list[str]:
-    """The first essential prefix to try: the shortest prefix of the rarest terms such that
-    either (sure) some term of it alone gives ``k`` messages more than the rest's bounds
-    sum to (``idf x kth_part``: the ``k``-th best score cannot be lower, so the check of
-    :func:`exact_with` passes), or (likely) the prefix is held by at least ``k`` messages
-    together (fewer cannot fill the best ``k``) and the rest's bounds sum below the idf of
-    its commonest term (about what a message holding that term once scores); all terms when
-    none is."""
+    """The first essential prefix to try: the shortest prefix of the rarest terms whose
+    rest's bounds sum below what the ``k``-th best score is sure or likely to reach:
+
+    - *sure*: some term of the prefix alone gives ``k`` messages ``idf x kth_part``;
+    - *likely*, the prefix being held by at least ``k`` messages together (fewer cannot
+      fill the best ``k``): the idf of its commonest term (about what a message holding
+      that term once scores), or, when the prefix's messages are expected (terms
+      independent) to hold one of the rest in ``2k`` messages, that idf plus the idf of
+      the commonest of the rest (such messages hold both).
+
+    All terms when none is. Only a guess: :func:`exact_with` checks the result, and a wrong
+    guess costs a second scoring, never a wrong ranking."""
     total = 0
     floor = 0.0
     for i, w in enumerate(order):
         total += stats[w].df
         term_idf = idf(n_docs, float(stats[w].df))
         floor = max(floor, term_idf * stats[w].kth_part)
-        rest = math.fsum(bounds[v] for v in order[i + 1 :])
-        if rest * (1 + BOUND_MARGIN) < floor or (total >= k and rest < term_idf):
+        rest_terms = order[i + 1 :]
+        rest = math.fsum(bounds[v] for v in rest_terms)
+        if rest * (1 + BOUND_MARGIN) < floor:
+            return list(order[: i + 1])
+        if total < k:
+            continue
+        likely = term_idf
+        if rest_terms and n_docs > 0:
+            none_of_rest = math.prod(max(0.0, 1 - stats[v].df / n_docs) for v in rest_terms)
+            if total * (1 - none_of_rest) >= 2 * k:
+                likely += idf(n_docs, float(stats[rest_terms[-1]].df))
+        if rest < likely:
             return list(order[: i + 1])
     return list(order)
 
