@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 from memstream.projections.messages.fusion import bm25
 from memstream.projections.messages.ranking import (
     TermStats,
+    every_term_essential,
     exact_with,
     impact_bound,
     plan,
     proximity,
     rarest_first,
     rerank,
+    single_term_stats,
 )
 
 K1, B = 1.2, 0.75
@@ -100,6 +102,40 @@ def test_a_prefix_expected_to_hold_the_rest_in_2k_messages_counts_both_idfs() ->
         "rare",
         "common",
     ]
+
+
+def test_hints_say_whether_the_plan_takes_every_term() -> None:
+    stats = {"rare": TermStats(8_593, 2, 5, 1.4, 1.1), "common": TermStats(32_839, 3, 4, 1.6, 1.2)}
+    words = ["common", "rare", "absent"]
+    hints = {**stats, "absent": TermStats(0, 0, 0, 0.0, 0.0)}
+    # 282 messages expected to hold both: the rare term alone is essential
+    assert not every_term_essential(words, hints, 1_000_000.0, 14.0, K1, B, 100)
+    # 3,000 x 3.3 % = 98 together; idf 5.81 and 5.81 x 0.9 below the common bound 3.42 x 1.8
+    few = {
+        **hints,
+        "rare": TermStats(3_000, 2, 5, 1.4, 0.9),
+        "common": TermStats(32_839, 3, 4, 1.8, 1.2),
+    }
+    assert every_term_essential(words, few, 1_000_000.0, 14.0, K1, B, 100)
+
+
+@given(
+    df=st.integers(1, 5_000),
+    tfs=st.lists(st.integers(1, 5), min_size=1, max_size=300),
+    length=st.integers(5, 40),
+)
+def test_a_one_word_search_s_scores_give_back_its_tf_parts(
+    df: int, tfs: list[int], length: int
+) -> None:
+    n_docs, avg, k = 10_000.0, 14.0, 100
+    scores = sorted(
+        (bm25([tf], [float(df)], n_docs, length, avg, K1, B) for tf in tfs), reverse=True
+    )
+    got = single_term_stats(df, scores, n_docs, k)
+    top = max(tfs) * (K1 + 1) / (max(tfs) + K1 * (1 - B + B * length / avg))
+    assert abs((got.max_part or 0) - top) <= 1e-9 * top
+    assert (got.kth_part > 0) == (len(scores) >= k)
+    assert single_term_stats(0, [], n_docs, k).df == 0
 
 
 def test_the_check_passes_only_when_the_rest_cannot_reach_the_kth_score() -> None:

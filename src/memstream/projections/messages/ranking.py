@@ -110,6 +110,38 @@ def plan(
     return list(order)
 
 
+def every_term_essential(
+    words: Sequence[str],
+    hints: Mapping[str, TermStats],
+    n_docs: float,
+    avg_len: float,
+    k1: float,
+    b: float,
+    k: int,
+) -> bool:
+    """Whether :func:`plan` would make every held term essential, from ``hints`` (a term's
+    statistics as a previous search saw them; approximate). Then the statistics statement
+    is pure overhead: scoring every candidate with df counted in the same query is exact
+    whatever the hints say, so a stale hint can only pick the slower path, never change a
+    ranking."""
+    order = rarest_first(words, hints)
+    bounds = {w: impact_bound(hints[w], n_docs, avg_len, k1, b) for w in order}
+    return len(plan(order, hints, bounds, k, n_docs)) == len(order)
+
+
+def single_term_stats(df: int, scores: Sequence[float], n_docs: float, k: int) -> TermStats:
+    """A one-word query's term statistics recovered from its best scores (BM25 of one term
+    is its idf times the tf part; ``scores`` best first, at most ``k``): a hint for
+    :func:`every_term_essential`, not exact to the last bit."""
+    if df <= 0 or not scores:
+        return TermStats(0, 0, 0, 0.0, 0.0)
+    term_idf = idf(n_docs, float(df))
+    if term_idf <= 0:
+        return TermStats(df, 0, 0, 0.0, 0.0)
+    kth = scores[k - 1] / term_idf if len(scores) >= k else 0.0
+    return TermStats(df, 0, 0, scores[0] / term_idf, kth)
+
+
 def exact_with(
     order: Sequence[str],
     n_essential: int,

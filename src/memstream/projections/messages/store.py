@@ -51,11 +51,13 @@ from memstream.projections.messages.postings import (
 )
 from memstream.projections.messages.ranking import (
     TermStats,
+    every_term_essential,
     exact_with,
     impact_bound,
     plan,
     rarest_first,
     rerank,
+    single_term_stats,
 )
 from memstream.projections.messages.rows import (
     MessageRow,
@@ -94,6 +96,9 @@ log = logging.getLogger(__name__)
 STATS_TTL_S: Final = 30.0
 """How long an agent's BM25 collection statistics are reused."""
 STATS_CACHE_SIZE: Final = 10_000
+TERM_HINTS_SIZE: Final = 200_000
+"""At most this many (account, agent, term) statistics kept as hints for the plan (a few
+hundred bytes each); all are dropped past it."""
 BulkParse = Literal["arrow", "engine"]
 """Who parses a raw batch in :meth:`MessageStore.parse_journal_batch`: pyarrow in this
 process (the default: about half the cost, docs/transcript-search.md) or the ClickHouse
@@ -135,6 +140,9 @@ class MessageStore:
         # erased threads are never written again, whatever the source (live or replay)
         self.erased = erased if erased is not None else ErasedThreads()
         self._stats: dict[tuple[str, str], tuple[float, tuple[float, float]]] = {}
+        # (account, agent, term) -> the term's statistics as the last search saw them: they
+        # only choose between two exact paths (see lexical_search), so they need no expiry
+        self._term_hints: dict[tuple[str, str, str], TermStats] = {}
 
     async def ensure_schema(self) -> None:
         """Create the database and tables if missing (idempotent)."""
@@ -379,6 +387,27 @@ class MessageStore:
             out[(hit.thread_id, hit.offset)] = hit
         return out
 
+    def _plans_every_term(self, spec: SearchSpec, n_docs: float, avg_len: float, k: int) -> bool:
+        """Whether every query term has a hint and, by them, the plan would take every term
+        (:func:`~.ranking.every_term_essential`)."""
+        hints = {}
+        for w in spec.words:
+            hint = self._term_hints.get((spec.account_id, spec.agent_id, w))
+            if hint is None:
+                return False
+            hints[w] = hint
+        return every_term_essential(spec.words, hints, n_docs, avg_len, BM25_K1, BM25_B, k)
+
+    def _hint(self, spec: SearchSpec, stats: dict[str, TermStats]) -> None:
+        """Keep the statistics a search over all threads saw (terms held by no visible
+        message as df 0) as hints for the next plan."""
+        if len(self._term_hints) > TERM_HINTS_SIZE:
+            self._term_hints.clear()
+        for w in spec.words:
+            self._term_hints[(spec.account_id, spec.agent_id, w)] = stats.get(
+                w, TermStats(0, 0, 0, 0.0, 0.0)
+            )
+
     async def _pruned_best(
         self, spec: SearchSpec, stats: tuple[float, float], k: int
     ) -> tuple[list[Row], list[int]]:
@@ -394,6 +423,7 @@ class MessageStore:
             )
             for t, df, tf, ln, top, kth in await self.engine.rows(sql, params)
         }
+        self._hint(spec, term_stats)
         order = rarest_first(spec.words, term_stats)
         if not order:
             return [], []
@@ -419,13 +449,26 @@ class MessageStore:
         bonus over those and the final order. Then the text of the rows returned."""
         n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
         k = max(RERANK_WINDOW, spec.limit)
-        if spec.thread_id is not None or len(spec.words) == 1:
-            # one thread holds few messages, and one word is always its own essential
-            # term: score every candidate, counting df in the same query (no statistics
-            # statement, no pruning to plan)
+        if (
+            spec.thread_id is not None
+            or len(spec.words) == 1
+            or self._plans_every_term(spec, n_docs, avg_len, k)
+        ):
+            # one thread holds few messages, one word is always its own essential term, and
+            # the hints may say the plan would take every term: score every candidate,
+            # counting df in the same query (no statistics statement), exact either way
             sql, params = score_sql(self.database, spec, None, (n_docs, avg_len), spec.words, k)
             best = await self.engine.rows(sql, params)
             dfs = _ints(best[0][7]) if best else []
+            if spec.thread_id is None and len(spec.words) == 1:
+                self._hint(
+                    spec,
+                    {
+                        spec.words[0]: single_term_stats(
+                            dfs[0] if dfs else 0, [float(str(r[3])) for r in best], n_docs, k
+                        )
+                    },
+                )
         else:
             best, dfs = await self._pruned_best(spec, (n_docs, avg_len), k)
         ranked = rerank(
