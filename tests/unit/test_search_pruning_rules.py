@@ -78,18 +78,6 @@ def test_the_first_prefix_holds_k_messages_and_bounds_the_rest_below_its_idf() -
     assert plan(order, stats, bounds, 1_000_000, 10_000.0) == order
 
 
-def test_a_term_whose_kth_tf_part_outscores_the_rest_is_essential_alone() -> None:
-    # a's idf at 10k messages is ~3.0 (and ~3.7 with c's for messages holding both), below
-    # c's bound: the likely rules would take all terms; 100 messages score at least
-    # 3.0 x 2.0 from a alone, above the bound 5.0
-    stats = {"a": TermStats(500, 3, 4, 2.1, 2.0), "c": TermStats(5_000, 5, 3, 2.2, 1.9)}
-    bounds = {"a": 6.3, "c": 5.0}
-    assert plan(["a", "c"], stats, bounds, 100, 10_000.0) == ["a"]
-    unsure = {**stats, "a": TermStats(500, 3, 4, 2.1, 1.0)}  # 3.0 x 1.0 < 5.0
-    assert plan(["a", "c"], unsure, bounds, 100, 10_000.0) == ["a", "c"]
-    assert exact_with(["a", "c"], 1, bounds, 6.0) == 0  # the check then passes
-
-
 def test_a_prefix_expected_to_hold_the_rest_in_2k_messages_counts_both_idfs() -> None:
     # rare alone: idf ~4.75 < common's bound 5.6; 8,593 x 3.3 % = 282 >= 200 messages are
     # expected to hold both, scoring about 4.75 + 3.41 > 5.6
@@ -105,16 +93,16 @@ def test_a_prefix_expected_to_hold_the_rest_in_2k_messages_counts_both_idfs() ->
 
 
 def test_hints_say_whether_the_plan_takes_every_term() -> None:
-    stats = {"rare": TermStats(8_593, 2, 5, 1.4, 1.1), "common": TermStats(32_839, 3, 4, 1.6, 1.2)}
+    stats = {"rare": TermStats(8_593, 2, 5, 1.4), "common": TermStats(32_839, 3, 4, 1.6)}
     words = ["common", "rare", "absent"]
-    hints = {**stats, "absent": TermStats(0, 0, 0, 0.0, 0.0)}
+    hints = {**stats, "absent": TermStats(0, 0, 0, 0.0)}
     # 282 messages expected to hold both: the rare term alone is essential
     assert not every_term_essential(words, hints, 1_000_000.0, 14.0, K1, B, 100)
-    # 3,000 x 3.3 % = 98 together; idf 5.81 and 5.81 x 0.9 below the common bound 3.42 x 1.8
+    # 3,000 x 3.3 % = 98 together; idf 5.81 below the common bound 3.42 x 1.8
     few = {
         **hints,
-        "rare": TermStats(3_000, 2, 5, 1.4, 0.9),
-        "common": TermStats(32_839, 3, 4, 1.8, 1.2),
+        "rare": TermStats(3_000, 2, 5, 1.4),
+        "common": TermStats(32_839, 3, 4, 1.8),
     }
     assert every_term_essential(words, few, 1_000_000.0, 14.0, K1, B, 100)
 
@@ -127,15 +115,14 @@ def test_hints_say_whether_the_plan_takes_every_term() -> None:
 def test_a_one_word_search_s_scores_give_back_its_tf_parts(
     df: int, tfs: list[int], length: int
 ) -> None:
-    n_docs, avg, k = 10_000.0, 14.0, 100
+    n_docs, avg = 10_000.0, 14.0
     scores = sorted(
         (bm25([tf], [float(df)], n_docs, length, avg, K1, B) for tf in tfs), reverse=True
     )
-    got = single_term_stats(df, scores, n_docs, k)
+    got = single_term_stats(df, scores, n_docs)
     top = max(tfs) * (K1 + 1) / (max(tfs) + K1 * (1 - B + B * length / avg))
     assert abs((got.max_part or 0) - top) <= 1e-9 * top
-    assert (got.kth_part > 0) == (len(scores) >= k)
-    assert single_term_stats(0, [], n_docs, k).df == 0
+    assert single_term_stats(0, [], n_docs).df == 0
 
 
 def test_the_check_passes_only_when_the_rest_cannot_reach_the_kth_score() -> None:

@@ -110,33 +110,28 @@ def _params(spec: SearchSpec) -> dict[str, SqlParam]:
 
 
 def term_stats_sql(
-    database: str, spec: SearchSpec, avg_len: float, k: int
+    database: str, spec: SearchSpec, avg_len: float
 ) -> tuple[str, dict[str, SqlParam]]:
     """Per query term held by a visible message (in scope): term, document frequency (each
-    message once, before merges too), its highest tf, the shortest message holding it, its
-    highest tf part and its ``k``-th highest (:class:`~.ranking.TermStats`; the tf part is
-    BM25's factor after the idf, with the agent's average length ``avg_len``) -- the exact
-    statistics BM25 needs, what bounds the term's contribution
-    (:func:`~.ranking.impact_bound`) and what the ``k``-th best score cannot fall below
-    (:func:`~.ranking.plan`). Terms no visible message holds have no row."""
+    message once, before merges too), its highest tf, the shortest message holding it and
+    its highest tf part (:class:`~.ranking.TermStats`; the tf part is BM25's factor after
+    the idf, with the agent's average length ``avg_len``) -- the exact statistics BM25
+    needs, and what bounds the term's contribution (:func:`~.ranking.impact_bound`). Terms
+    no visible message holds have no row."""
     db = check_database(database)
     part = (
         f"length(positions) * ({BM25_K1} + 1) / (length(positions) + {BM25_K1} * "
         f"(1 - {BM25_B} + {BM25_B} * doc_len / greatest({{avg_len:Float64}}, 1.0)))"
     )
-    sql = f"""SELECT term, count(), max(length(positions)), min(doc_len), max(part),
-       -arrayElement(groupArraySorted({{k:UInt32}})(-part), {{k:UInt32}})
-FROM (
-    SELECT term, positions, doc_len, {part} AS part
-    FROM {db}.{POSTINGS_TABLE} FINAL
-    WHERE {_scope(spec)}
-      AND term IN {{terms:Array(String)}}
-      AND {visible_threads_filter(db, spec.thread_id is not None)}
-)
+    sql = f"""SELECT term, count(), max(length(positions)), min(doc_len), max({part})
+FROM {db}.{POSTINGS_TABLE} FINAL
+WHERE {_scope(spec)}
+  AND term IN {{terms:Array(String)}}
+  AND {visible_threads_filter(db, spec.thread_id is not None)}
 GROUP BY term
 SETTINGS {SEARCH_SETTINGS}"""
     params = _params(spec)
-    params.update({"avg_len": str(avg_len), "k": k})
+    params["avg_len"] = str(avg_len)
     return sql, params
 
 

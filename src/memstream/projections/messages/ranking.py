@@ -46,9 +46,6 @@ class TermStats:
     avg))``, BM25's factor after the idf, at that message's tf and length. When known, the
     bound is exactly the term's highest contribution (tighter than ``max_tf`` in
     ``min_len``, which may come from two different messages)."""
-    kth_part: float = 0.0
-    """Its ``k``-th highest tf part (0 when fewer than ``k`` messages hold it): ``k``
-    messages score at least ``idf x kth_part`` from this term alone (see :func:`plan`)."""
 
 
 def impact_bound(stats: TermStats, n_docs: float, avg_len: float, k1: float, b: float) -> float:
@@ -76,31 +73,22 @@ def plan(
     k: int,
     n_docs: float,
 ) -> list[str]:
-    """The first essential prefix to try: the shortest prefix of the rarest terms whose
-    rest's bounds sum below what the ``k``-th best score is sure or likely to reach:
-
-    - *sure*: some term of the prefix alone gives ``k`` messages ``idf x kth_part``;
-    - *likely*, the prefix being held by at least ``k`` messages together (fewer cannot
-      fill the best ``k``): the idf of its commonest term (about what a message holding
-      that term once scores), or, when the prefix's messages are expected (terms
-      independent) to hold one of the rest in ``2k`` messages, that idf plus the idf of
-      the commonest of the rest (such messages hold both).
-
-    All terms when none is. Only a guess: :func:`exact_with` checks the result, and a wrong
-    guess costs a second scoring, never a wrong ranking."""
+    """The first essential prefix to try: the shortest prefix of the rarest terms held by at
+    least ``k`` messages together (fewer cannot fill the best ``k``) whose rest's bounds
+    sum below what the ``k``-th best score is likely to reach: the idf of its commonest term
+    (about what a message holding that term once scores), or, when the prefix's messages
+    are expected (terms independent) to hold one of the rest in ``2k`` messages, that idf
+    plus the idf of the commonest of the rest (such messages hold both). All terms when none
+    is. Only a guess: :func:`exact_with` checks the result, and a wrong guess costs a second
+    scoring, never a wrong ranking."""
     total = 0
-    floor = 0.0
     for i, w in enumerate(order):
         total += stats[w].df
-        term_idf = idf(n_docs, float(stats[w].df))
-        floor = max(floor, term_idf * stats[w].kth_part)
-        rest_terms = order[i + 1 :]
-        rest = math.fsum(bounds[v] for v in rest_terms)
-        if rest * (1 + BOUND_MARGIN) < floor:
-            return list(order[: i + 1])
         if total < k:
             continue
-        likely = term_idf
+        rest_terms = order[i + 1 :]
+        rest = math.fsum(bounds[v] for v in rest_terms)
+        likely = idf(n_docs, float(stats[w].df))
         if rest_terms and n_docs > 0:
             none_of_rest = math.prod(max(0.0, 1 - stats[v].df / n_docs) for v in rest_terms)
             if total * (1 - none_of_rest) >= 2 * k:
@@ -129,17 +117,16 @@ def every_term_essential(
     return len(plan(order, hints, bounds, k, n_docs)) == len(order)
 
 
-def single_term_stats(df: int, scores: Sequence[float], n_docs: float, k: int) -> TermStats:
+def single_term_stats(df: int, scores: Sequence[float], n_docs: float) -> TermStats:
     """A one-word query's term statistics recovered from its best scores (BM25 of one term
-    is its idf times the tf part; ``scores`` best first, at most ``k``): a hint for
+    is its idf times the tf part; ``scores`` best first): a hint for
     :func:`every_term_essential`, not exact to the last bit."""
     if df <= 0 or not scores:
-        return TermStats(0, 0, 0, 0.0, 0.0)
+        return TermStats(0, 0, 0, 0.0)
     term_idf = idf(n_docs, float(df))
     if term_idf <= 0:
-        return TermStats(df, 0, 0, 0.0, 0.0)
-    kth = scores[k - 1] / term_idf if len(scores) >= k else 0.0
-    return TermStats(df, 0, 0, scores[0] / term_idf, kth)
+        return TermStats(df, 0, 0, 0.0)
+    return TermStats(df, 0, 0, scores[0] / term_idf)
 
 
 def exact_with(

@@ -405,7 +405,7 @@ class MessageStore:
             self._term_hints.clear()
         for w in spec.words:
             self._term_hints[(spec.account_id, spec.agent_id, w)] = stats.get(
-                w, TermStats(0, 0, 0, 0.0, 0.0)
+                w, TermStats(0, 0, 0, 0.0)
             )
 
     async def _pruned_best(
@@ -416,12 +416,10 @@ class MessageStore:
         planned essential prefix (:func:`~.ranking.plan`), once more with a longer prefix
         when :func:`~.ranking.exact_with` says the result could miss a message."""
         n_docs, avg_len = stats
-        sql, params = term_stats_sql(self.database, spec, avg_len, k)
+        sql, params = term_stats_sql(self.database, spec, avg_len)
         term_stats = {
-            str(t): TermStats(
-                int(str(df)), int(str(tf)), int(str(ln)), float(str(top)), float(str(kth))
-            )
-            for t, df, tf, ln, top, kth in await self.engine.rows(sql, params)
+            str(t): TermStats(int(str(df)), int(str(tf)), int(str(ln)), float(str(top)))
+            for t, df, tf, ln, top in await self.engine.rows(sql, params)
         }
         self._hint(spec, term_stats)
         order = rarest_first(spec.words, term_stats)
@@ -465,7 +463,7 @@ class MessageStore:
                     spec,
                     {
                         spec.words[0]: single_term_stats(
-                            dfs[0] if dfs else 0, [float(str(r[3])) for r in best], n_docs, k
+                            dfs[0] if dfs else 0, [float(str(r[3])) for r in best], n_docs
                         )
                     },
                 )
