@@ -147,7 +147,13 @@ class SummaryStore:
         return summary
 
     async def get_stored(self, ref: ThreadRef) -> Summary | None:
-        """The newest summary in object storage (bypasses the cache)."""
+        """The newest summary in object storage (bypasses the cache).
+
+        A thread with nothing stored (what the counters processor meets for every new
+        thread) costs one listing of its folder instead of two failed reads (``summary.json``,
+        then ``summary.v1.json``, each a raised not-found): bench/summary_lookup.py."""
+        if not await self._has_objects(ref):
+            return None
         latest = await self._read(summary_path(ref))
         version = latest.version if latest is not None else 0
         newest = latest
@@ -160,6 +166,15 @@ class SummaryStore:
     async def get_version(self, ref: ThreadRef, version: int) -> Summary | None:
         """One immutable version, or None."""
         return await self._read(version_path(ref, version))
+
+    async def _has_objects(self, ref: ThreadRef) -> bool:
+        try:
+            listed = await obstore.list_with_delimiter_async(self._store, thread_folder(ref))
+        except (NotFoundError, FileNotFoundError):
+            return False
+        except Exception as e:
+            raise RetryableInfraError(f"object store listing of {ref.key} failed: {e}") from e
+        return bool(listed["objects"])
 
     async def _read(self, path: str) -> Summary | None:
         try:

@@ -1,0 +1,106 @@
+"""Bench: the summary-store lookup the counters processor makes for every thread new to
+Redis (``SummaryStore.get_stored``), against the two reads it made before (``summary.json``
+then ``summary.v1.json``, each a raised not-found for a new thread), in the same process,
+interleaved rounds, on a local object store folder. Also a thread that has a summary (the
+listing is one call more there). Prints µs per lookup (wall and this process's CPU) and the
+ratio; asserts nothing. Run: ``python bench/summary_lookup.py [--threads 1000] [--rounds 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from obstore.store import LocalStore
+
+from memstream.infra.summary_store import SummaryStore, summary_path, version_path
+from memstream.schemas.records import Summary, ThreadRef
+
+
+async def two_reads(store: SummaryStore, ref: ThreadRef) -> Summary | None:
+    """The lookup before this change: read ``summary.json``, then probe the next version."""
+    latest = await store._read(summary_path(ref))  # noqa: SLF001 - the old code path itself
+    version = latest.version if latest is not None else 0
+    newest = latest
+    while True:
+        nxt = await store._read(version_path(ref, version + 1))  # noqa: SLF001
+        if nxt is None:
+            return newest
+        newest, version = nxt, nxt.version
+
+
+async def timed(
+    fn: Callable[[ThreadRef], Awaitable[object]], refs: list[ThreadRef], conc: int
+) -> tuple[float, float]:
+    """(wall µs, CPU µs) per lookup, ``conc`` lookups at once (the processor's 32)."""
+    slots = asyncio.Semaphore(conc)
+
+    async def one(ref: ThreadRef) -> None:
+        async with slots:
+            await fn(ref)
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(one(r) for r in refs))
+    w1, c1 = time.perf_counter(), time.process_time()
+    return (w1 - w0) / len(refs) * 1e6, (c1 - c0) / len(refs) * 1e6
+
+
+async def main(threads: int, rounds: int) -> None:
+    # the writes of the summarized threads also fill the Redis cache, which this bench does
+    # not run: its failures are expected and logged at WARNING
+    logging.getLogger("memstream.infra.summary_store").setLevel(logging.ERROR)
+    root = Path(tempfile.mkdtemp(prefix="summary-lookup-"))
+    redis = aioredis.Redis()  # not used by these reads
+    store = SummaryStore(LocalStore(prefix=root, mkdir=True), redis)
+    now = datetime.now(UTC)
+    known = [ThreadRef("acc", "agent", f"known-{i}") for i in range(threads // 10)]
+    for ref in known:
+        s = Summary(
+            version=1,
+            timestamp=now,
+            last_message_offset=49,
+            last_message_id="m49",
+            content="a summary",
+            token_count=3,
+            message_count=50,
+        )
+        await store.write(ref, s, 0)
+    print(f"{threads} new threads, {len(known)} with a summary; load {os.getloadavg()[0]:.1f}")
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for r in range(rounds):
+        new = [ThreadRef("acc", "agent", f"new-{r}-{i}") for i in range(threads)]
+        order = [("before", two_reads), ("after", SummaryStore.get_stored)]
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            rows.setdefault(f"new, {name}", []).append(
+                await timed(lambda ref, fn=fn: fn(store, ref), new, 32)
+            )
+            rows.setdefault(f"summarized, {name}", []).append(
+                await timed(lambda ref, fn=fn: fn(store, ref), known, 32)
+            )
+    med = {
+        k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+        for k, v in rows.items()
+    }
+    for k, (w, c) in med.items():
+        print(f"  {k:18s} {w:8.1f} µs wall  {c:8.1f} µs CPU per lookup")
+    for kind in ("new", "summarized"):
+        b, a = med[f"{kind}, before"], med[f"{kind}, after"]
+        print(f"  {kind}: after/before wall {a[0] / b[0]:.2f}x, CPU {a[1] / b[1]:.2f}x")
+    print(f"load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    asyncio.run(main(a.threads, a.rounds))
