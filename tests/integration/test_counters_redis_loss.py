@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,19 +196,23 @@ async def test_a_rollback_while_the_processor_runs_loses_no_count(setup: Setup) 
     assert store_rewinds(setup) >= 1
 
 
-async def test_a_rollback_while_it_is_stopped_loses_no_count(setup: Setup) -> None:
-    s = setup
+async def counted_then_restarted(
+    s: Setup, more: int, while_stopped: Callable[[dict[bytes, bytes]], Awaitable[None]]
+) -> None:
+    """Count 30 per thread, snapshot, ``more`` per thread, stop (the group commits them all);
+    ``while_stopped(snapshot)``; start again and send 5: every thread must read all it was
+    sent."""
     runner = s.runner()
     await runner.start()
     await runner.wait_ready(60)
     await send(s, 30)
     await wait_counted(s)
     before = await snapshot(s)
-    await send(s, 20)
+    await send(s, more)
     await wait_counted(s)
-    await runner.stop()  # commits at 50 per thread
+    await runner.stop()
 
-    await roll_back(s, before)
+    await while_stopped(before)
     runner = s.runner()
     await runner.start()
     try:
@@ -217,28 +221,16 @@ async def test_a_rollback_while_it_is_stopped_loses_no_count(setup: Setup) -> No
         await wait_counted(s)
     finally:
         await runner.stop()
+
+
+async def test_a_rollback_while_it_is_stopped_loses_no_count(setup: Setup) -> None:
+    await counted_then_restarted(setup, 20, lambda before: roll_back(setup, before))
 
 
 async def test_a_wiped_valkey_counts_the_journal_again(setup: Setup) -> None:
     """Everything gone (a Valkey without its data dir): the counters are rebuilt from the
     journal topic, not started again from the committed offset."""
-    s = setup
-    runner = s.runner()
-    await runner.start()
-    await runner.wait_ready(60)
-    await send(s, 30)
-    await wait_counted(s)
-    await runner.stop()
-
-    await wipe(s)
-    runner = s.runner()
-    await runner.start()
-    try:
-        await runner.wait_ready(60)
-        await send(s, 5)
-        await wait_counted(s)
-    finally:
-        await runner.stop()
+    await counted_then_restarted(setup, 0, lambda _: wipe(setup))
 
 
 async def test_positions_left_from_an_earlier_log_do_not_blind_the_check(setup: Setup) -> None:
