@@ -29,9 +29,12 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
+import pyarrow as pa
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -44,7 +47,13 @@ from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.projections.memory_index.layout import payload_of
 from memstream.projections.memory_index.port import IndexPoint
 from memstream.projections.memory_index.rules import Upsert, op_for_event
-from memstream.projections.messages import ChdbEngine, MessageRow, MessageStore, row_of_envelope
+from memstream.projections.messages import ChdbEngine, MessageStore, row_of_envelope
+from memstream.projections.messages.postings import (
+    POSTINGS_TABLE,
+    POSTINGS_VIEW,
+    backfill_sql,
+    grouped_postings_select,
+)
 from memstream.projections.messages.rows import messages_table, thread_users_table
 from memstream.projections.replay import Progress, ReplayStateStore, run_replay
 from memstream.projections.replay_sinks import MemorySink, MessagesSink, environment_of
@@ -135,28 +144,78 @@ class DropWaits(EdgeIndex):
 
 
 class PythonPathSink:
-    """A messages sink without the bulk path (what ``replay messages`` did before)."""
+    """A messages sink without the bulk path (what ``replay messages`` did before the bulk
+    path), into a database with main's postings view."""
 
     def __init__(self, inner: MessagesSink) -> None:
         self.inner = inner
         self.name = inner.name
         self.restore, self.bookkeeping = inner.restore, inner.bookkeeping
-        self.prepare, self.apply = inner.prepare, inner.apply
+        self.apply = inner.apply
         self.switch, self.drop = inner.switch, inner.drop
 
+    async def prepare(self, generation: int, *, fresh: bool) -> None:
+        target = self.inner.store(generation)
+        if fresh:
+            await target.engine.command(f"DROP DATABASE IF EXISTS {target.database}")
+        await target.ensure_schema()
+        await grouped_view(target.engine, target.database)
 
-async def raw_insert(engine: ChdbEngine, rows: list[MessageRow], batch: int) -> float:
-    """Rows/s of the raw engine: the rows, already mapped, as Arrow inserts of ``batch``."""
-    db = f"bench_raw{batch}"
+
+class MainSink(PythonPathSink):
+    """``replay messages`` as main had it before this round: the postings view (grouping
+    every (message, term)) inside every insert, no seal, and each batch parsed then written
+    with nothing overlapping but the Kafka read-ahead (``parse_values`` hands the raw
+    records on, ``write_values`` parses and writes them)."""
+
+    async def parse_values(self, generation: int, values: Sequence[bytes]) -> Sequence[bytes]:
+        return values
+
+    async def write_values(
+        self, generation: int, values: Sequence[bytes], seen: set[str]
+    ) -> tuple[int, int]:
+        parsed = await self.inner.parse_values(generation, values)
+        if parsed is None:
+            raise AssertionError("the bench's records all parse in bulk")
+        return await self.inner.write_values(generation, parsed, seen)
+
+
+async def grouped_view(engine: ChdbEngine, db: str) -> None:
+    """Replace ``db``'s postings view by main's (grouping every (message, term))."""
+    await engine.command(f"DROP VIEW IF EXISTS {db}.{POSTINGS_VIEW}")
+    await engine.command(
+        f"CREATE MATERIALIZED VIEW {db}.{POSTINGS_VIEW} TO {db}.{POSTINGS_TABLE} "
+        f"AS {grouped_postings_select(f'{db}.messages')}"
+    )
+
+
+RawKind = Literal["view", "grouped view", "no view", "no view + fill"]
+RAW_KINDS: tuple[RawKind, ...] = ("view", "grouped view", "no view", "no view + fill")
+
+
+async def raw_insert(
+    engine: ChdbEngine, tables: list[tuple[pa.Table, pa.Table]], kind: RawKind
+) -> float:
+    """Rows/s of the raw engine: Arrow tables built beforehand (not timed), inserted into a
+    fresh database as the projector does (``thread_users``, then ``messages``). ``view``: with
+    the postings view as a fresh database now has it; ``grouped view``: main's view; ``no
+    view``: messages only, no postings; ``no view + fill``: then the postings in one
+    ``INSERT ... SELECT`` (what a replay now does)."""
+    db = "bench_raw"
+    await engine.command(f"DROP DATABASE IF EXISTS {db}")
     await MessageStore(engine, db).ensure_schema()
+    if kind == "grouped view":
+        await grouped_view(engine, db)
+    elif kind != "view":
+        await engine.command(f"DROP VIEW {db}.{POSTINGS_VIEW}")
     t = time.perf_counter()
-    for i in range(0, len(rows), batch):
-        part = rows[i : i + batch]
-        owners = thread_users_table(part)
+    for owners, msgs in tables:
         if owners.num_rows:  # as the projector: no insert without owners
             await engine.insert_arrow(db, "thread_users", owners)
-        await engine.insert_arrow(db, "messages", messages_table(part))
-    return len(rows) / (time.perf_counter() - t)
+        await engine.insert_arrow(db, "messages", msgs)
+    if kind == "no view + fill":
+        await engine.command(backfill_sql(db, POSTINGS_TABLE))
+    return sum(m.num_rows for _, m in tables) / (time.perf_counter() - t)
 
 
 async def replay_rate(
@@ -177,6 +236,7 @@ async def main() -> None:
     ap.add_argument("--broker", default="auto")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each path")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--python-path", action="store_true", help="also the Python decode path")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
@@ -205,60 +265,69 @@ async def main() -> None:
             engine = ChdbEngine(data / "chdb")
             live = MessageStore(engine, "bench")
             await live.ensure_schema()
-            before_store = MessageStore(engine, "bench_b", bulk_parse="engine")
-            await before_store.ensure_schema()
-            after_batch = MessagesSink.preferred_batch
+            batch = MessagesSink.preferred_batch
             rows = [r for r in (row_of_envelope(e) for e in msgs) if r is not None]
-            paths = ("python", "before", "after", "raw")
+            tables = [
+                (thread_users_table(rows[i : i + batch]), messages_table(rows[i : i + batch]))
+                for i in range(0, len(rows), batch)
+            ]
+            paths: tuple[str, ...] = ("before", "after", *RAW_KINDS)
+            if args.python_path:
+                paths = ("python", *paths)
             rates: dict[str, list[float]] = {k: [] for k in paths}
             loads: list[float] = []
             last: Progress | None = None
             # python: decode, dedupe, row mapping, Arrow insert (batches of BATCH);
-            # before: ClickHouse parses the raw records (main's bulk path until this round);
-            # after: pyarrow parses them (now); both in the sink's own batch size. Raw: the
-            # same rows, already mapped, as Arrow inserts. Rounds interleave the four, the
-            # order rotating by round.
+            # before: main's bulk path (pyarrow parse, then the inserts through main's
+            # grouping view, one batch at a time); after: now (parse of batch N+1 beside the
+            # write of N, inserts without the view, the postings filled once by the seal).
+            # Raw: the same rows as Arrow tables built beforehand, inserted four ways (see
+            # raw_insert). Rounds interleave the paths, the order rotating by round.
             for rnd in range(args.rounds):
-                for path in paths[rnd % 4 :] + paths[: rnd % 4]:
+                k = rnd % len(paths)
+                for path in paths[k:] + paths[:k]:
                     loads.append(os.getloadavg()[0])
-                    if path == "raw":
-                        rates[path].append(await raw_insert(engine, rows, after_batch))
+                    if path in RAW_KINDS:
+                        rates[path].append(await raw_insert(engine, tables, path))  # type: ignore[arg-type]
                         continue
                     sink: object
+                    size = batch
                     if path == "python":
-                        sink, batch = PythonPathSink(MessagesSink(live, "bench")), BATCH
+                        sink, size = PythonPathSink(MessagesSink(live, "bench")), BATCH
                     elif path == "before":
-                        sink, batch = MessagesSink(before_store, "bench_b"), after_batch
+                        sink = MainSink(MessagesSink(live, "bench"))
                     else:
-                        sink, batch = MessagesSink(live, "bench"), after_batch
+                        sink = MessagesSink(live, "bench")
                     rep = await replay_rate(
-                        sink, TopicSource(broker.address, topics.journal), state, batch
+                        sink, TopicSource(broker.address, topics.journal), state, size
                     )
                     rates[path].append(rep.rate)
                     last = rep if path == "after" else last
             assert last is not None
-            raw = statistics.median(rates["raw"])
+            med = {path: statistics.median(r) for path, r in rates.items()}
             print(
                 f"messages: {last.events_read} events, {last.rows_written} rows; "
                 f"{args.rounds} interleaved rounds, load average {min(loads):.1f}-{max(loads):.1f}"
             )
             labels = {
-                "python": f"Python decode, batch {BATCH}",
-                "before": f"bulk, ClickHouse parse, batch {after_batch}",
-                "after": f"bulk, Arrow parse, batch {after_batch}",
+                "python": f"replay, Python decode, batch {BATCH}",
+                "before": f"replay before (main), batch {batch}",
+                "after": f"replay after, batch {batch}",
+                "view": "raw Arrow insert, with the postings view",
+                "grouped view": "raw Arrow insert, with main's grouping view",
+                "no view": "raw Arrow insert, no postings",
+                "no view + fill": "raw Arrow insert, no view, then one fill",
             }
-            for path, label in labels.items():
-                med = statistics.median(rates[path])
+            ratio_to = ("view", "grouped view", "no view", "no view + fill")
+            print(f"  {'':48} {'events/s':>9}  " + "  ".join(f"/{k:>14}" for k in ratio_to))
+            for path in paths:
                 each = " / ".join(f"{r:,.0f}" for r in rates[path])
-                print(f"  replay {label:40} {med:9,.0f} events/s  / raw {med / raw:.2f}  ({each})")
+                ratios = "  ".join(f"{med[path] / med[k]:15.2f}" for k in ratio_to)
+                print(f"  {labels[path]:48} {med[path]:9,.0f}  {ratios}  ({each})")
+            after, raw = med["after"], med["view"]
             print(
-                f"  raw Arrow insert, batch {after_batch:<26} {raw:9,.0f} rows/s  "
-                f"({' / '.join(f'{r:,.0f}' for r in rates['raw'])})"
-            )
-            after = statistics.median(rates["after"])
-            print(
-                f"  after / before = {after / statistics.median(rates['before']):.2f}x; "
-                f"targets: >= 0.5 of raw ({'met' if after / raw >= 0.5 else 'NOT met'}), "
+                f"  after / before = {after / med['before']:.2f}x; targets: >= 0.5 of raw with "
+                f"the view ({'met' if after / raw >= 0.5 else 'NOT met'}: {after / raw:.2f}), "
                 f">= 100k events/s ({'met' if after >= 100_000 else 'NOT met'})"
             )
             await engine.close()

@@ -328,7 +328,7 @@ async def test_replay_from_a_sequence_source_reseeds_a_lost_topic(system: System
 async def test_bulk_replay_counts_duplicates_across_batches_and_decodes_bad_batches(
     system: System,
 ) -> None:
-    """The messages sink's bulk path (ClickHouse parses the raw records): a byte-identical
+    """The messages sink's bulk path (pyarrow parses the raw records): a byte-identical
     copy in a later batch is skipped and counted, a batch holding an unreadable record falls
     back to Python decoding (the record counted, its neighbours still written), and the
     rebuilt table holds each message once."""
@@ -347,7 +347,7 @@ async def test_bulk_replay_counts_duplicates_across_batches_and_decodes_bad_batc
             return rows[-1][0]
 
     sink = system.hub.sinks["messages"]
-    assert hasattr(sink, "apply_values")  # the bulk path is the one under test
+    assert hasattr(sink, "parse_values")  # the bulk path is the one under test
     report = (
         await drain(
             run_replay(

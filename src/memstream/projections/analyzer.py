@@ -130,9 +130,7 @@ def _sql_action(action: str, w: str) -> str:
 
 
 def _sql_step(rules: tuple[tuple[str, str], ...], w: str) -> str:
-    arms = ", ".join(
-        f"match({w}, {_sql_str(p)}), {_sql_action(a, w)}" for p, a in rules
-    )
+    arms = ", ".join(f"match({w}, {_sql_str(p)}), {_sql_action(a, w)}" for p, a in rules)
     return f"multiIf({arms}, {w})"
 
 

@@ -46,6 +46,7 @@ from memstream.schemas.events import DecodeError, Envelope, decode
 __all__ = [
     "PROJECTIONS",
     "BulkReplaySink",
+    "SealingSink",
     "Gate",
     "Progress",
     "ReplaySink",
@@ -155,19 +156,37 @@ class ReplaySink(Protocol):
         ...
 
 
-BulkApply = Callable[[int, Sequence[bytes], set[str]], Awaitable[tuple[int, int] | None]]
+BulkParse = Callable[[int, Sequence[bytes]], Awaitable[Any]]
+BulkWrite = Callable[[int, Any, set[str]], Awaitable[tuple[int, int]]]
 
 
 class BulkReplaySink(Protocol):
-    """A sink that can also take a batch of raw records in bulk (``messages``: ClickHouse
-    parses them, as for the live projector), skipping Python's decode."""
+    """A sink that can also take a batch of raw records in bulk (``messages``: pyarrow parses
+    them, as for the live projector), skipping Python's decode. A batch is parsed, then
+    written: :func:`run_replay` parses batch N+1 while batch N is written (the parse runs
+    off the event loop, the write in the store's worker), and writes in order."""
 
-    async def apply_values(
-        self, generation: int, values: Sequence[bytes], seen: set[str]
-    ) -> tuple[int, int] | None:
-        """Apply raw records whose event id is not in ``seen`` (then add their ids to it);
-        ``(rows written, duplicates)``, or None -- having written and added nothing -- when
-        the bulk path cannot vouch for the batch (the replay then decodes it in Python)."""
+    async def parse_values(self, generation: int, values: Sequence[bytes]) -> Any:
+        """The batch parsed (nothing written, nothing deduped), or None when the bulk path
+        cannot vouch for it (the replay then decodes it in Python). May run while the
+        previous batch's :meth:`write_values` runs."""
+        ...
+
+    async def write_values(self, generation: int, parsed: Any, seen: set[str]) -> tuple[int, int]:
+        """Write a parsed batch but its records whose event id is in ``seen`` (then add the
+        batch's ids to it); ``(rows written, duplicates)``. Called in batch order, one at a
+        time."""
+        ...
+
+
+class SealingSink(Protocol):
+    """A sink that defers part of its rebuild until the bulk copy is done (``messages``:
+    the posting lists, filled in one statement rather than inside every insert)."""
+
+    async def seal(self, generation: int) -> None:
+        """Finish ``generation`` before the hand-over (idempotent; a resumed replay may call
+        it again). After it returns, writes into ``generation`` are complete as they land,
+        as the live projector's are."""
         ...
 
 
@@ -365,7 +384,8 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
     last_save = last_progress = now()
     yield _progress(st, "start", "replay")
 
-    apply_values: BulkApply | None = getattr(sink, "apply_values", None)
+    parse_values: BulkParse | None = getattr(sink, "parse_values", None)
+    write_values: BulkWrite | None = getattr(sink, "write_values", None)
 
     async def apply_decoded(batch: list[SourceRecord]) -> tuple[int, int]:
         events: list[Envelope] = []
@@ -386,37 +406,69 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
         written, more = await sink.apply(st.generation, events)
         return written, dups + more
 
+    async def parse(batch: list[SourceRecord]) -> Any:
+        if parse_values is None:
+            return None
+        return await parse_values(st.generation, [r.value for r in batch])
+
+    async def apply(batch: list[SourceRecord], parsed: Any) -> tuple[int, int]:
+        if parsed is None or write_values is None:
+            return await apply_decoded(batch)
+        return await write_values(st.generation, parsed, seen)
+
     async def copy(until: dict[int, int], phase: str) -> AsyncGenerator[Progress, None]:
-        nonlocal last_save, last_progress
+        """Batches from ``st.next`` up to ``until``: batch N+2 read from the source, N+1
+        parsed and N written at once; a batch's positions count (and are checkpointed) only
+        once it is written, so a resume re-reads at most the batches in flight."""
+        pending: tuple[list[SourceRecord], asyncio.Future[Any]] | None = None
         async with contextlib.aclosing(source.read(dict(st.next), until, batch_size)) as batches:
-            async for batch in _read_ahead(batches):
-                for rec in batch:
-                    st.events_read += 1
-                    st.next[rec.partition] = rec.offset + 1
-                bulk: tuple[int, int] | None = None
-                if apply_values is not None:
-                    bulk = await apply_values(st.generation, [r.value for r in batch], seen)
-                if bulk is None:
-                    bulk = await apply_decoded(batch)
-                st.rows_written += bulk[0]
-                st.duplicates_skipped += bulk[1]
-                t = now()
-                st.elapsed_s = t - clock_base
-                if t - last_save >= checkpoint_every_s:
-                    st.extra = sink.bookkeeping()
-                    await store.save(st)
-                    last_save = t
-                if t - last_progress >= progress_every_s:
-                    last_progress = t
-                    yield _progress(st, "progress", phase)
+            try:
+                async for batch in _read_ahead(batches):
+                    parsing = asyncio.ensure_future(parse(batch))
+                    if pending is not None:
+                        async for step in written(*pending, phase):
+                            yield step
+                    pending = (batch, parsing)
+                if pending is not None:
+                    async for step in written(*pending, phase):
+                        yield step
+                    pending = None
+            finally:
+                if pending is not None and not pending[1].done():
+                    pending[1].cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await pending[1]
         for p, e in until.items():  # partitions with nothing (left) to read
             st.next[p] = max(st.next.get(p, 0), e)
+
+    async def written(
+        batch: list[SourceRecord], parsing: asyncio.Future[Any], phase: str
+    ) -> AsyncGenerator[Progress, None]:
+        nonlocal last_save, last_progress
+        rows, dups = await apply(batch, await parsing)
+        for rec in batch:
+            st.events_read += 1
+            st.next[rec.partition] = rec.offset + 1
+        st.rows_written += rows
+        st.duplicates_skipped += dups
+        t = now()
+        st.elapsed_s = t - clock_base
+        if t - last_save >= checkpoint_every_s:
+            st.extra = sink.bookkeeping()
+            await store.save(st)
+            last_save = t
+        if t - last_progress >= progress_every_s:
+            last_progress = t
+            yield _progress(st, "progress", phase)
 
     async with contextlib.aclosing(copy(dict(st.ends), "replay")) as steps:
         async for p in steps:
             yield p
     st.extra = sink.bookkeeping()
     await store.save(st)
+    seal: Callable[[int], Awaitable[None]] | None = getattr(sink, "seal", None)
+    if seal is not None:  # what the bulk load deferred, before the gate closes
+        await seal(st.generation)
 
     # Hand-over: the live projector waits at its gate while the gap is replayed and the
     # pointer moves, so no live write lands in the old generation after the switch.

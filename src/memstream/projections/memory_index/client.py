@@ -246,9 +246,7 @@ class QdrantClientIndex:
         else:
             params = models.SearchParams(
                 hnsw_ef=t.hnsw_ef,
-                acorn=models.AcornSearchParams(
-                    enable=True, max_selectivity=t.acorn_max_selectivity
-                )
+                acorn=models.AcornSearchParams(enable=True, max_selectivity=t.acorn_max_selectivity)
                 if t.acorn_max_selectivity is not None
                 else None,
             )

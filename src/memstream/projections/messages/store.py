@@ -42,7 +42,9 @@ from memstream.projections.messages.engine import ClickHouseEngine, Row
 from memstream.projections.messages.fusion import bm25 as bm25_of
 from memstream.projections.messages.fusion import coverage, fuse, query_weight
 from memstream.projections.messages.postings import (
+    POSTINGS_DEFERRED,
     POSTINGS_TABLE,
+    POSTINGS_VIEW,
     backfill_sql,
     postings_table_ddl,
     postings_view_ddl,
@@ -144,8 +146,10 @@ class MessageStore:
         # only choose between two exact paths (see lexical_search), so they need no expiry
         self._term_hints: dict[tuple[str, str, str], TermStats] = {}
 
-    async def ensure_schema(self) -> None:
-        """Create the database and tables if missing (idempotent)."""
+    async def ensure_schema(self, *, defer_postings: bool = False) -> None:
+        """Create the database and tables if missing (idempotent). ``defer_postings`` (a
+        replay's fresh target): the posting table without the view that fills it, marked
+        as waiting for :meth:`seal_postings`; a table already sealed stays as it is."""
         for stmt in ddl(self.database):
             await self.engine.command(stmt)
         rows = await self.engine.rows(has_terms_sql(self.database), {"database": self.database})
@@ -153,7 +157,10 @@ class MessageStore:
             log.warning("messages table predates ranked search: adding its terms column")
             for stmt in upgrade_ddl(self.database):
                 await self.engine.command(stmt)
-        await self._ensure_postings()
+        if defer_postings:
+            await self._defer_postings()
+        else:
+            await self._ensure_postings()
 
     async def _ensure_postings(self) -> None:
         """The posting lists and the view that fills them at every insert; for a
@@ -181,6 +188,41 @@ class MessageStore:
             log.warning("filling the posting lists of %s.messages from its rows (one-off)", db)
         await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
         await self.engine.command(f"DROP TABLE {db}.{marker}")
+
+    async def _tables(self, *names: str) -> list[bool]:
+        db = self.database
+        found = await self.engine.rows(
+            "SELECT name FROM system.tables WHERE database = {database:String} "
+            "AND name IN {names:Array(String)}",
+            {"database": db, "names": list(names)},
+        )
+        present = {str(r[0]) for r in found}
+        return [n in present for n in names]
+
+    async def _defer_postings(self) -> None:
+        db = self.database
+        (has_view,) = await self._tables(POSTINGS_VIEW)
+        if has_view:  # sealed, or sealing when interrupted: the view fills what comes
+            return
+        await self.engine.command(
+            f"CREATE TABLE IF NOT EXISTS {db}.{POSTINGS_DEFERRED} (x UInt8) ENGINE = Log"
+        )
+        await self.engine.command(postings_table_ddl(db))
+
+    async def seal_postings(self) -> None:
+        """The view, then the postings of the rows stored without it, then the marker goes
+        (idempotent: a seal interrupted after the fill fills again, and the copies collapse
+        as a replay's do). Exact only while nothing else writes into the table, as in a
+        replay's target before its switch."""
+        db = self.database
+        has_view, deferred = await self._tables(POSTINGS_VIEW, POSTINGS_DEFERRED)
+        if not deferred:
+            if not has_view:
+                await self._ensure_postings()
+            return
+        await self.engine.command(postings_view_ddl(db))
+        await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
+        await self.engine.command(f"DROP TABLE {db}.{POSTINGS_DEFERRED}")
 
     async def write(self, rows: Sequence[MessageRow]) -> int:
         """Insert a batch; returns the message rows written. Durable on return. Rows of
