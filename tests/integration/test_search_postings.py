@@ -1,16 +1,25 @@
 """Transcript search over posting lists on real chdb: pruning never changes the ranking,
 copies of a message (replays, redeliveries before a merge) count once, erasure removes a
-thread's postings, and a table made before the postings is filled at start."""
+thread's postings, a table made before the postings is filled at start, the view's rows are
+those of grouping every (message, term), and a replay's deferred postings are filled once by
+the seal."""
 
 from __future__ import annotations
 
 import random
+import uuid
 from dataclasses import replace
 
 from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.fusion import idf
-from memstream.projections.messages.postings import POSTINGS_TABLE, score_sql, term_stats_sql
+from memstream.projections.messages.postings import (
+    POSTINGS_TABLE,
+    grouped_postings_select,
+    postings_table_ddl,
+    score_sql,
+    term_stats_sql,
+)
 from memstream.projections.messages.ranking import TermStats, impact_bound, plan, rarest_first
 from memstream.projections.messages.sql import SearchSpec, query_words
 from memstream.schemas.records import Caller
@@ -106,8 +115,6 @@ async def test_term_statistics_give_each_term_s_highest_single_term_score(
 
 
 async def test_copies_of_a_message_count_once(chdb_engine: ChdbEngine) -> None:
-    import uuid
-
     once = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}")
     twice = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}")
     msgs = [
@@ -161,3 +168,70 @@ async def test_a_table_without_postings_is_filled_at_start(message_store: Messag
     assert await search(message_store, query="kitten") == [("old", 0)]
     await project(message_store, [m("new", 0, "user", "kittens again")])  # the view is back
     assert set(await search(message_store, query="kitten")) == {("new", 0), ("old", 0)}
+
+
+async def _postings(store: MessageStore) -> list[tuple[object, ...]]:
+    return await store.engine.rows(
+        f"SELECT account_id, agent_id, term, thread_id, `offset`, created_at, doc_len, "
+        f"positions FROM {store.database}.{POSTINGS_TABLE} FINAL "
+        "ORDER BY account_id, agent_id, term, thread_id, `offset`",
+        {},
+    )
+
+
+async def test_postings_are_the_rows_of_grouping_every_message_term(
+    message_store: MessageStore,
+) -> None:
+    """The view's SQL (sort and split each message's terms, no GROUP BY) gives exactly the
+    rows that grouping ``ARRAY JOIN terms`` by (message, term) gave: repeated words, words
+    that stem alike, a message with no term at all."""
+    rng = random.Random(11)
+    msgs = _corpus(rng)[:300] + [
+        m("x", 0, "user", "flights flight flying FLIGHTS, lisbon lisbon"),
+        m("x", 1, "assistant", "... !!! ..."),  # no term
+        m("x", 2, "user", "Ünïcode ünïcode naïve café cafés"),
+    ]
+    await project(message_store, msgs)
+    db = message_store.database
+    reference = f"t_{uuid.uuid4().hex[:12]}"
+    await message_store.engine.command(postings_table_ddl(db, reference))
+    await message_store.engine.command(
+        f"INSERT INTO {db}.{reference} {grouped_postings_select(f'{db}.messages')}"
+    )
+    grouped = await message_store.engine.rows(
+        f"SELECT account_id, agent_id, term, thread_id, `offset`, created_at, doc_len, "
+        f"positions FROM {db}.{reference} FINAL "
+        "ORDER BY account_id, agent_id, term, thread_id, `offset`",
+        {},
+    )
+    ours = await _postings(message_store)
+    assert len(ours) > 1_000
+    assert ours == grouped
+    assert not [r for r in ours if r[3] == "x" and r[4] == 1]  # no posting for no term
+
+
+async def test_deferred_postings_are_filled_once_by_the_seal(chdb_engine: ChdbEngine) -> None:
+    """A replay's target: loaded without the view (no postings yet), sealed into the same
+    postings as a table written through the view; a second seal changes nothing, and later
+    inserts go through the view."""
+    msgs = _corpus(random.Random(3))[:200]
+    live = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}")
+    target = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}")
+    await live.ensure_schema()
+    await target.ensure_schema(defer_postings=True)
+    await target.ensure_schema(defer_postings=True)  # a resumed replay: still deferred
+    for store in (live, target):
+        await project(store, msgs[:150])
+    assert await _postings(target) == []
+    await target.seal_postings()
+    await target.seal_postings()
+    for store in (live, target):
+        await project(store, msgs[150:])  # the hand-over's and the live projector's writes
+    assert await _postings(target) == await _postings(live)
+    total = await target.engine.rows(
+        f"SELECT count() FROM {target.database}.{POSTINGS_TABLE}", {}
+    )  # each posting once, even before a merge
+    assert int(str(total[0][0])) == len(await _postings(live))
+    await target.ensure_schema(defer_postings=True)  # sealed stays sealed
+    await project(target, [m("z", 0, "user", "zebra")])
+    assert await search(target, query="zebra") == [("z", 0)]

@@ -53,7 +53,7 @@ __all__ = [
     "ReplaySource",
     "ReplayState",
     "ReplayStateStore",
-    "SourceRecord",
+    "SourceBatch",
     "check_projection",
     "run_replay",
 ]
@@ -100,12 +100,15 @@ class Gate:
 
 # --- sources and sinks ----------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One record of the source: Kafka partition/offset, or partition 0 and journal seq."""
+class SourceBatch:
+    """Records of the source, in order per partition (Kafka partitions, or partition 0 and
+    journal seqs): their values, and per partition read the position after the batch's
+    last record (records left out by the source, such as shredded ones, are behind it too).
+    Columns rather than one object per record: a replay touches each record only to hand
+    its bytes on."""
 
-    partition: int
-    offset: int
-    value: bytes
+    values: list[bytes]
+    next: dict[int, int]
 
 
 class ReplaySource(Protocol):
@@ -121,7 +124,7 @@ class ReplaySource(Protocol):
 
     def read(
         self, start: Mapping[int, int], end: Mapping[int, int], batch: int
-    ) -> AsyncGenerator[list[SourceRecord], None]:
+    ) -> AsyncGenerator[SourceBatch, None]:
         """Batches of records with ``start[p] <= offset < end[p]``, in order per partition."""
         ...
 
@@ -387,12 +390,12 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
     parse_values: BulkParse | None = getattr(sink, "parse_values", None)
     write_values: BulkWrite | None = getattr(sink, "write_values", None)
 
-    async def apply_decoded(batch: list[SourceRecord]) -> tuple[int, int]:
+    async def apply_decoded(batch: SourceBatch) -> tuple[int, int]:
         events: list[Envelope] = []
         dups = 0
-        for rec in batch:
+        for value in batch.values:
             try:
-                env = decode(rec.value)
+                env = decode(value)
             except DecodeError:
                 st.undecodable += 1
                 continue
@@ -406,12 +409,12 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
         written, more = await sink.apply(st.generation, events)
         return written, dups + more
 
-    async def parse(batch: list[SourceRecord]) -> Any:
-        if parse_values is None:
+    async def parse(batch: SourceBatch) -> Any:
+        if parse_values is None or not batch.values:
             return None
-        return await parse_values(st.generation, [r.value for r in batch])
+        return await parse_values(st.generation, batch.values)
 
-    async def apply(batch: list[SourceRecord], parsed: Any) -> tuple[int, int]:
+    async def apply(batch: SourceBatch, parsed: Any) -> tuple[int, int]:
         if parsed is None or write_values is None:
             return await apply_decoded(batch)
         return await write_values(st.generation, parsed, seen)
@@ -420,7 +423,7 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
         """Batches from ``st.next`` up to ``until``: batch N+2 read from the source, N+1
         parsed and N written at once; a batch's positions count (and are checkpointed) only
         once it is written, so a resume re-reads at most the batches in flight."""
-        pending: tuple[list[SourceRecord], asyncio.Future[Any]] | None = None
+        pending: tuple[SourceBatch, asyncio.Future[Any]] | None = None
         async with contextlib.aclosing(source.read(dict(st.next), until, batch_size)) as batches:
             try:
                 async for batch in _read_ahead(batches):
@@ -442,13 +445,13 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
             st.next[p] = max(st.next.get(p, 0), e)
 
     async def written(
-        batch: list[SourceRecord], parsing: asyncio.Future[Any], phase: str
+        batch: SourceBatch, parsing: asyncio.Future[Any], phase: str
     ) -> AsyncGenerator[Progress, None]:
         nonlocal last_save, last_progress
-        rows, dups = await apply(batch, await parsing)
-        for rec in batch:
-            st.events_read += 1
-            st.next[rec.partition] = rec.offset + 1
+        rows, dups = (await apply(batch, await parsing)) if batch.values else (0, 0)
+        st.events_read += len(batch.values)
+        for part, position in batch.next.items():
+            st.next[part] = max(st.next.get(part, 0), position)
         st.rows_written += rows
         st.duplicates_skipped += dups
         t = now()

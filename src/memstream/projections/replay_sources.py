@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError
 
 from memstream.errors import InvalidRequest, RetryableInfraError
 from memstream.infra.data_keys import Keyring
-from memstream.projections.replay import SourceKind, SourceRecord
+from memstream.projections.replay import SourceBatch, SourceKind
 
 __all__ = ["JournalSource", "SeqReader", "TopicSource"]
 
@@ -103,7 +103,7 @@ class TopicSource:
 
     async def read(
         self, start: Mapping[int, int], end: Mapping[int, int], batch: int
-    ) -> AsyncGenerator[list[SourceRecord], None]:
+    ) -> AsyncGenerator[SourceBatch, None]:
         todo = {p: e for p, e in end.items() if start.get(p, 0) < e}
         if not todo:
             return
@@ -119,38 +119,37 @@ class TopicSource:
             while todo:
                 active = [tps[p] for p in todo]
                 got = await consumer.getmany(*active, timeout_ms=500, max_records=batch)
-                out: list[SourceRecord] = []
+                values: list[bytes] = []
+                positions: dict[int, int] = {}
                 for tp, records in got.items():
                     stop = todo.get(tp.partition)
-                    if stop is None:
+                    if stop is None or not records:
                         continue
-                    for r in records:
-                        if r.offset >= stop:
-                            break
-                        value = r.value if isinstance(r.value, bytes) else b""
-                        out.append(SourceRecord(tp.partition, r.offset, value))
+                    kept = records
+                    if records[-1].offset >= stop:  # past the end taken: cut there
+                        kept = [r for r in records if r.offset < stop]
+                        if not kept:
+                            continue
+                    values.extend([v if isinstance(v := r.value, bytes) else b"" for r in kept])
+                    positions[tp.partition] = kept[-1].offset + 1
                 for p in list(todo):
                     if await consumer.position(tps[p]) >= todo[p]:
                         del todo[p]
                         consumer.pause(tps[p])
-                if out and self._keyring is not None:
-                    out = await self._open(self._keyring, out)
-                if out:
-                    yield out
+                if values and self._keyring is not None:
+                    values = await self._open(self._keyring, values)
+                if values or positions:
+                    yield SourceBatch(values, positions)
         except KafkaError as e:
             raise RetryableInfraError(f"kafka: reading {self.topic}: {e}") from e
         finally:
             await consumer.stop()
 
-    async def _open(self, keyring: Keyring, records: list[SourceRecord]) -> list[SourceRecord]:
+    async def _open(self, keyring: Keyring, values: list[bytes]) -> list[bytes]:
         """Sealed records opened; shredded ones (key destroyed by an erasure) left out."""
-        values = await keyring.open_many([r.value for r in records])
-        kept = [
-            SourceRecord(r.partition, r.offset, v)
-            for r, v in zip(records, values, strict=True)
-            if v is not None
-        ]
-        self.shredded += len(records) - len(kept)
+        opened = await keyring.open_many(values)
+        kept = [v for v in opened if v is not None]
+        self.shredded += len(values) - len(kept)
         return kept
 
 
@@ -175,14 +174,14 @@ class JournalSource:
 
     async def read(
         self, start: Mapping[int, int], end: Mapping[int, int], batch: int
-    ) -> AsyncGenerator[list[SourceRecord], None]:
+    ) -> AsyncGenerator[SourceBatch, None]:
         after = start.get(0, 1) - 1
         stop = end.get(0, 0)
         while after + 1 < stop:
             rows = await self.journal.read_seq(after, min(batch, stop - after - 1))
             if not rows:
                 return
-            out = [SourceRecord(0, seq, value) for seq, value in rows if seq < stop]
-            if out:
-                yield out
+            values = [value for seq, value in rows if seq < stop]
+            if values:
+                yield SourceBatch(values, {0: min(rows[-1][0], stop - 1) + 1})
             after = rows[-1][0]

@@ -87,9 +87,7 @@ def contract(
         _BODIES[body.__name__] = body
         extra["requestBody"] = {
             "required": body_required,
-            "content": {
-                "application/json": {"schema": {"$ref": _REF.format(model=body.__name__)}}
-            },
+            "content": {"application/json": {"schema": {"$ref": _REF.format(model=body.__name__)}}},
         }
     if extra:
         out["openapi_extra"] = extra

@@ -64,7 +64,6 @@ def _filters(category: str | None, visibility: str | None = None, q: str | None 
     )
 
 
-
 def _import_contract() -> dict[str, Any]:
     out = contract(answer=wire.ImportReport, errors=(400, 401, 403, 413, 503))
     out["openapi_extra"] = {
