@@ -20,6 +20,7 @@ Generation names (generation 1 is what a fresh deployment starts with):
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Final
 
@@ -35,7 +36,7 @@ from memstream.projections.memory_index.index import MemoryIndex
 from memstream.projections.memory_index.layout import collection_name
 from memstream.projections.memory_index.rules import op_for_event
 from memstream.projections.messages import MessageRow, MessageStore, row_of_envelope
-from memstream.projections.messages.rows import split_journal_batch
+from memstream.projections.messages.rows import ParsedBatch, split_journal_batch
 from memstream.projections.messages.sql import KIND_ROW, carry_vectors_sql
 from memstream.schemas.events import Envelope, message_of
 from memstream.schemas.records import ThreadRef
@@ -47,6 +48,22 @@ __all__ = [
     "database_of",
     "environment_of",
 ]
+
+
+def _dedupe_split(parsed: pa.Table, seen: set[str]) -> tuple[ParsedBatch, int]:
+    """Blocking: the records of ``parsed`` whose event id is new (``seen`` gets them),
+    split into the batch to write; with the duplicates skipped (copies of an event, and
+    rows of a message key already in the batch)."""
+    keep: list[bool] = []
+    for event_id in parsed.column("event_id").to_pylist():
+        keep.append(event_id not in seen)
+        seen.add(event_id)
+    dups = keep.count(False)
+    if dups:
+        parsed = parsed.filter(pa.array(keep, pa.bool_()))
+    rows = int(pc.sum(pc.equal(parsed.column("kind"), KIND_ROW)).as_py() or 0)
+    batch = split_journal_batch(parsed.drop_columns(["event_id"]))
+    return batch, dups + rows - batch.messages.num_rows
 
 
 def database_of(base: str, generation: int) -> str:
@@ -128,18 +145,11 @@ class MessagesSink:
         self, generation: int, parsed: pa.Table, seen: set[str]
     ) -> tuple[int, int]:
         """A parsed batch written, with the replay's dedupe on event id (the first copy of
-        an event counts, in this batch or an earlier one)."""
-        keep: list[bool] = []
-        for event_id in parsed.column("event_id").to_pylist():
-            keep.append(event_id not in seen)
-            seen.add(event_id)
-        dups = keep.count(False)
-        if dups:
-            parsed = parsed.filter(pa.array(keep, pa.bool_()))
-        rows = int(pc.sum(pc.equal(parsed.column("kind"), KIND_ROW)).as_py() or 0)
-        batch = split_journal_batch(parsed.drop_columns(["event_id"]))
+        an event counts, in this batch or an earlier one). The dedupe and the split run off
+        the event loop, which reads the next batches from Kafka meanwhile."""
+        batch, dups = await asyncio.to_thread(_dedupe_split, parsed, seen)
         written = await self.store(generation).write_parsed(batch)
-        return written, dups + rows - written
+        return written, dups
 
     async def switch(self, generation: int) -> None:
         new = database_of(self.base, generation)

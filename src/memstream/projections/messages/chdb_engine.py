@@ -80,9 +80,9 @@ class ChdbEngine:
 
     async def insert_arrow(self, database: str, table: str, data: pa.Table) -> int:
         stmt = f"INSERT INTO {check_database(database)}.{check_database(table)}"
-        payload = arrow_ipc(data)
 
         def go() -> int:
+            payload = arrow_ipc(data)  # on the worker too: the event loop stays free
             with self._connection().send_insert(stmt, "ArrowStream") as ins:
                 ins.append(payload)
                 res = ins.finish()

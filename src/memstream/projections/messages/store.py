@@ -268,16 +268,17 @@ class MessageStore:
         (:func:`~.arrow_batch.parse_journal_values`, same rules) unless ``bulk_parse`` is
         ``"engine"``. Writes nothing."""
         await self.erased.refresh()
+        if self.bulk_parse == "arrow":  # all of it off the event loop (C++ mostly)
+            return await asyncio.to_thread(self._parse_in_arrow, values, event_id=event_id)
         values = self.erased.keep_values(values)
         if not values or not all(v[:1] == b"{" and v[-1:] == b"}" for v in values):
             return None
-        if self.bulk_parse == "arrow":  # C++ that releases the GIL: off the event loop
-            parsed = await asyncio.to_thread(parse_journal_values, values, event_id=event_id)
-        else:
-            parsed = await self._parse_in_engine(values, event_id=event_id)
-        if parsed is None or pc.any(pc.equal(parsed.column("kind"), KIND_PYTHON)).as_py():
-            return None
-        return parsed
+        return _vouched(await self._parse_in_engine(values, event_id=event_id))
+
+    def _parse_in_arrow(self, values: Sequence[bytes], *, event_id: bool) -> pa.Table | None:
+        """Blocking: erased threads' records dropped, then :func:`parse_journal_values`
+        (which checks each record is one ``{...}``)."""
+        return _vouched(parse_journal_values(self.erased.keep_values(values), event_id=event_id))
 
     async def _parse_in_engine(self, values: Sequence[bytes], *, event_id: bool) -> pa.Table | None:
         try:
@@ -669,3 +670,10 @@ def _ints(value: object) -> list[int]:
         return [int(str(v)) for v in value]
     text = str(value).strip("[]")
     return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _vouched(parsed: pa.Table | None) -> pa.Table | None:
+    """``parsed``, or None when a record needs the Python path."""
+    if parsed is None or pc.any(pc.equal(parsed.column("kind"), KIND_PYTHON)).as_py():
+        return None
+    return parsed
