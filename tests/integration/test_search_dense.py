@@ -177,6 +177,7 @@ async def test_replay_switch_carries_the_vectors_over(
     msgs = [m("conv", i, "user" if i % 2 == 0 else "assistant", FILLER[i % len(FILLER)])
             for i in range(24)] + [m("conv", 24, "user", EVIDENCE)]
     await sink.apply(2, [message_appended(x, ts=1) for x in msgs])
+    await sink.seal(2)  # as run_replay does before the hand-over
     await sink.switch(2)
     assert live.database != base
     assert await MessageVectors(live, embedder).catch_up() == 0  # nothing to embed again
