@@ -411,7 +411,7 @@ class ThreadState:
         First they are checked against ``positions.expected``: a partition Redis holds less
         of raises :class:`PositionsBehind`, and nothing is counted.
         """
-        if not steps and positions is None:
+        if not steps and (positions is None or not positions.next_offsets):
             return []
         keys = [redis_keys.thread_base(ref) for ref in steps]
         args: list[int | str] = [counters_name, MAX_GAPS, legacy_claim_suffix, ""]

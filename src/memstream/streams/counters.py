@@ -183,10 +183,10 @@ class CountersProcessor(Processor):
         self._ctx = ctx
 
     async def assigned(self, committed: Mapping[tuple[str, int], int | None]) -> None:
-        # What Redis must hold for these partitions: the group committed past it, so it was
-        # counted (a fresh group, None, is not checked).
-        # A partition the group never committed (a first start, or a fresh broker whose log
-        # starts again at 0) sets its position with its first batch instead of raising it.
+        # A committed offset is what Redis must hold at least: the group committed past it,
+        # so it was counted. A partition the group never committed (None: a first start, or
+        # a fresh broker whose log starts again at 0) is not checked, and its first batch
+        # sets its position instead of raising it.
         for tp, offset in committed.items():
             if offset is None:
                 self._written.pop(tp, None)
