@@ -54,7 +54,9 @@ def _app(variant: str) -> FastAPI:
 async def _serve(app: FastAPI) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=120))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=120)
+    )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         await asyncio.sleep(0.01)

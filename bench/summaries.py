@@ -160,7 +160,9 @@ async def main(
                 return CountersProcessor(state, store, guard_ttl_s=600)
 
             # the claim version (faff411 and earlier) took the claims' TTL
-            claims = "claim_ttl_s" in inspect.signature(before_counters_mod.CountersProcessor).parameters
+            claims = (
+                "claim_ttl_s" in inspect.signature(before_counters_mod.CountersProcessor).parameters
+            )
             ttl = {"claim_ttl_s": 3600} if claims else {}
 
             def before() -> Processor:

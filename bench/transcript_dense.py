@@ -152,7 +152,9 @@ async def bench_search(
         ["account_id", "agent_id", "thread_id", "user_id"]
     )
     await engine.insert_arrow(db, "thread_users", owners)
-    print(f"corpus: {n:,} messages + vectors in {threads:,} threads, {time.perf_counter() - started:.0f} s")
+    print(
+        f"corpus: {n:,} messages + vectors in {threads:,} threads, {time.perf_counter() - started:.0f} s"
+    )
     summarizer = ExtractiveSummaryModel()
 
     def query() -> str:
@@ -167,12 +169,22 @@ async def bench_search(
             for name, store in (("lexical", lexical), ("dense", dense)):
                 t = time.perf_counter()
                 await journal_message_search(
-                    caller, text, scope=scope, thread_id=thread, limit=10, summarize=False,
-                    store=store, summarizer=summarizer,
+                    caller,
+                    text,
+                    scope=scope,
+                    thread_id=thread,
+                    limit=10,
+                    summarize=False,
+                    store=store,
+                    summarizer=summarizer,
                 )
                 times[name].append((time.perf_counter() - t) * 1000)
             spec = SearchSpec(
-                "acct", "agent", caller.user_id, query_words(text), 10,
+                "acct",
+                "agent",
+                caller.user_id,
+                query_words(text),
+                10,
                 thread_id=thread if scope == "current_thread" else None,
             )
             (vec_q,) = await embedder.embed_query([text])

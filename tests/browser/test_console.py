@@ -165,7 +165,6 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
 
     wait_until(peak_then_zero, 180, "a lag peak that drops back to 0")
 
-
     def table_at_zero() -> bool:  # the table is swapped every 2 s: read it in one go, retry
         cells = d.find_elements(By.CSS_SELECTOR, "#processors td.lag")
         return bool(cells) and all(int(e.text) == 0 for e in cells)

@@ -159,7 +159,9 @@ async def test_the_gate_passes_raw_records_and_records_reported_positions(
 ) -> None:
     acct = f"a{uuid.uuid4().hex[:8]}"
     marks = Watermarks("transcript search")
-    gated = GatedProcessor(MessageProjector(message_store, bulk_min=2), Gate(), record_messages(marks))
+    gated = GatedProcessor(
+        MessageProjector(message_store, bulk_min=2), Gate(), record_messages(marks)
+    )
     assert gated.raw
     await gated.handle_raw(
         raw([enc(msg(acct, "t1", 0, "user", "orca")), enc(msg(acct, "t1", 4, "system", "s"))])

@@ -90,8 +90,12 @@ async def test_relevance_beats_importance_and_importance_breaks_ties(
 
     # two equally good matches: the more important one wins
     bob = Caller("acc-fusion", "bot2", "bob")
-    await svc.store(bob, "tea-a", "Bob drinks green tea every morning.", "user_profile", "shared", 0.3)
-    await svc.store(bob, "tea-b", "Bob drinks green tea every morning!", "user_profile", "shared", 0.9)
+    await svc.store(
+        bob, "tea-a", "Bob drinks green tea every morning.", "user_profile", "shared", 0.3
+    )
+    await svc.store(
+        bob, "tea-b", "Bob drinks green tea every morning!", "user_profile", "shared", 0.9
+    )
     await project(pg_pool, index, last)
     res = await svc.recall(bob, "what does Bob drink in the morning", limit=2)
     assert [e.key for e, _ in res.results] == ["tea-b", "tea-a"]

@@ -117,8 +117,12 @@ async def test_rebuilt_projection_ranks_the_same(
         await _conversation(store)  # duplicates of every row, before any merge
         await MessageVectors(store, embedder).catch_up()
         res = await journal_message_search(
-            Caller("acc", "ag", None), PARAPHRASE, limit=10, summarize=False,
-            store=store, summarizer=ExtractiveSummaryModel(),
+            Caller("acc", "ag", None),
+            PARAPHRASE,
+            limit=10,
+            summarize=False,
+            store=store,
+            summarizer=ExtractiveSummaryModel(),
         )
         rankings.append([(h.thread_id, h.offset, round(h.relevance, 6)) for h in res.results])
     assert rankings[0] == rankings[1]
@@ -150,8 +154,13 @@ async def test_explain_shows_the_dense_part(
     await _conversation(dense_store)
     await MessageVectors(dense_store, embedder).catch_up()
     res = await journal_message_search(
-        Caller("acc", "ag", None), PARAPHRASE, limit=3, summarize=False, explain=True,
-        store=dense_store, summarizer=ExtractiveSummaryModel(),
+        Caller("acc", "ag", None),
+        PARAPHRASE,
+        limit=3,
+        summarize=False,
+        explain=True,
+        store=dense_store,
+        summarizer=ExtractiveSummaryModel(),
     )
     top = res.to_dict()["results"][0]  # type: ignore[index]
     assert top["offset"] == 24
@@ -174,8 +183,10 @@ async def test_replay_switch_carries_the_vectors_over(
     before = await search(live, query=PARAPHRASE, limit=10)
     sink = MessagesSink(live, base)
     await sink.prepare(2, fresh=True)
-    msgs = [m("conv", i, "user" if i % 2 == 0 else "assistant", FILLER[i % len(FILLER)])
-            for i in range(24)] + [m("conv", 24, "user", EVIDENCE)]
+    msgs = [
+        m("conv", i, "user" if i % 2 == 0 else "assistant", FILLER[i % len(FILLER)])
+        for i in range(24)
+    ] + [m("conv", 24, "user", EVIDENCE)]
     await sink.apply(2, [message_appended(x, ts=1) for x in msgs])
     await sink.seal(2)  # as run_replay does before the hand-over
     await sink.switch(2)

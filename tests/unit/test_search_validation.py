@@ -36,7 +36,8 @@ def test_bad_arguments_name_the_field(kwargs: dict[str, object], field: str) -> 
 
 def test_defaults_and_bounds() -> None:
     spec = build_search_spec(CALLER, "Blue Car")
-    assert spec.limit == 10 and spec.thread_id is None and spec.words == ("blu", "car")  # analysed: stemmed like the terms column
+    # The words are analysed: stemmed like the terms column.
+    assert spec.limit == 10 and spec.thread_id is None and spec.words == ("blu", "car")
     assert spec.account_id == "acc" and spec.agent_id == "ag" and spec.user_id == "alice"
     assert build_search_spec(CALLER, "x", limit=1).limit == 1
     assert build_search_spec(CALLER, "x", limit=50).limit == 50
