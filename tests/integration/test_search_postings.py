@@ -15,6 +15,8 @@ from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.fusion import idf
 from memstream.projections.messages.postings import (
     POSTINGS_TABLE,
+    POSTINGS_VIEW,
+    POSTINGS_VIEW_VERSION,
     grouped_postings_select,
     postings_table_ddl,
     score_sql,
@@ -235,3 +237,46 @@ async def test_deferred_postings_are_filled_once_by_the_seal(chdb_engine: ChdbEn
     await target.ensure_schema(defer_postings=True)  # sealed stays sealed
     await project(target, [m("z", 0, "user", "zebra")])
     assert await search(target, query="zebra") == [("z", 0)]
+
+
+async def test_a_view_of_an_earlier_release_is_upgraded_at_start(
+    message_store: MessageStore,
+) -> None:
+    """A deployment whose view still runs the grouping SQL (no version comment) gets the
+    current SQL in place at its next start: the same postings, before and after, and nothing
+    of its stored messages lost."""
+    db = message_store.database
+    await project(message_store, [m("old", 0, "user", "kittens kittens in the spring")])
+    await message_store.engine.command(f"DROP VIEW {db}.{POSTINGS_VIEW}")
+    await message_store.engine.command(
+        f"CREATE MATERIALIZED VIEW {db}.{POSTINGS_VIEW} TO {db}.{POSTINGS_TABLE} "
+        f"AS {grouped_postings_select(f'{db}.messages')}"
+    )
+    await project(message_store, [m("mid", 0, "user", "a kitten, then another kitten")])
+    before = await _view(message_store)
+    assert before[0] == "" and "GROUP BY" in before[1]
+    await message_store.ensure_schema()
+    await message_store.ensure_schema()  # idempotent: already current
+    after = await _view(message_store)
+    assert after[0] == POSTINGS_VIEW_VERSION and "GROUP BY" not in after[1]
+    await project(message_store, [m("new", 0, "user", "kittens again, kitten")])
+    assert set(await search(message_store, query="kitten")) == {
+        ("old", 0),
+        ("mid", 0),
+        ("new", 0),
+    }
+    postings = [r for r in await _postings(message_store) if r[2] == "kitten"]
+    assert [(r[3], list(r[7])) for r in postings] == [  # type: ignore[call-overload]
+        ("mid", [2, 5]),
+        ("new", [1, 3]),
+        ("old", [1, 2]),
+    ]
+
+
+async def _view(store: MessageStore) -> tuple[str, str]:
+    rows = await store.engine.rows(
+        "SELECT comment, as_select FROM system.tables WHERE database = {d:String} "
+        "AND name = {v:String}",
+        {"d": store.database, "v": POSTINGS_VIEW},
+    )
+    return str(rows[0][0]), str(rows[0][1])

@@ -37,6 +37,10 @@ from memstream.projections.messages.sql import (
 
 POSTINGS_TABLE: Final = "message_terms"
 POSTINGS_VIEW: Final = "message_terms_mv"
+POSTINGS_VIEW_VERSION: Final = "memstream postings 2"
+"""The view's comment: which :func:`postings_select` it runs. A view without it (made before
+the SQL lost its ``GROUP BY``) is upgraded in place at start (``MessageStore.ensure_schema``);
+bump it whenever :func:`postings_select` changes."""
 POSTINGS_DEFERRED: Final = "message_terms_deferred"
 """Marker table: this database's postings wait for ``MessageStore.seal_postings`` (a replay's
 bulk load, which skips the view)."""
@@ -97,7 +101,18 @@ def postings_view_ddl(database: str) -> str:
     db = check_database(database)
     return (
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{POSTINGS_VIEW} TO {db}.{POSTINGS_TABLE} "
-        f"AS {postings_select(f'{db}.messages')}"
+        f"COMMENT '{POSTINGS_VIEW_VERSION}' AS {postings_select(f'{db}.messages')}"
+    )
+
+
+def postings_view_upgrade(database: str) -> tuple[str, str]:
+    """The two statements that make an existing view run :func:`postings_select`: its query
+    replaced in place (``MODIFY QUERY`` swaps it under the view's lock, so no insert runs
+    without postings and none twice), then its version comment."""
+    db = check_database(database)
+    return (
+        f"ALTER TABLE {db}.{POSTINGS_VIEW} MODIFY QUERY {postings_select(f'{db}.messages')}",
+        f"ALTER TABLE {db}.{POSTINGS_VIEW} MODIFY COMMENT '{POSTINGS_VIEW_VERSION}'",
     )
 
 

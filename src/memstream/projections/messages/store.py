@@ -45,9 +45,11 @@ from memstream.projections.messages.postings import (
     POSTINGS_DEFERRED,
     POSTINGS_TABLE,
     POSTINGS_VIEW,
+    POSTINGS_VIEW_VERSION,
     backfill_sql,
     postings_table_ddl,
     postings_view_ddl,
+    postings_view_upgrade,
     score_sql,
     term_stats_sql,
 )
@@ -176,7 +178,7 @@ class MessageStore:
         )
         has_table, filling = (int(str(v)) for v in present[0]) if present else (0, 0)
         if has_table and not filling:
-            await self.engine.command(postings_view_ddl(db))
+            await self._current_view()
             return
         await self.engine.command(
             f"CREATE TABLE IF NOT EXISTS {db}.{marker} (x UInt8) ENGINE = Log"
@@ -188,6 +190,28 @@ class MessageStore:
             log.warning("filling the posting lists of %s.messages from its rows (one-off)", db)
         await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
         await self.engine.command(f"DROP TABLE {db}.{marker}")
+
+    async def _current_view(self) -> None:
+        """The postings view, created if missing, and upgraded in place when an earlier
+        release made it (its comment is not :data:`POSTINGS_VIEW_VERSION`): the live
+        projector would otherwise pay the old SQL on every insert until the next replay."""
+        db = self.database
+        found = await self.engine.rows(
+            "SELECT comment FROM system.tables WHERE database = {database:String} "
+            "AND name = {view:String}",
+            {"database": db, "view": POSTINGS_VIEW},
+        )
+        if not found:
+            await self.engine.command(postings_view_ddl(db))
+        elif str(found[0][0]) != POSTINGS_VIEW_VERSION:
+            log.warning(
+                "upgrading %s.%s to the current postings SQL (%s)",
+                db,
+                POSTINGS_VIEW,
+                POSTINGS_VIEW_VERSION,
+            )
+            for stmt in postings_view_upgrade(db):
+                await self.engine.command(stmt)
 
     async def _tables(self, *names: str) -> list[bool]:
         db = self.database
