@@ -222,12 +222,12 @@ async def test_thread_erasure_resumes_after_a_crash_half_way(
     other = await seed_thread(s, "crashy", "t2", "carol", "kept-words")
     await project_journal(s, svc.message_store)
 
-    real = MessageStore.erase_thread
+    real = MessageStore.erase_threads
 
     async def crash(*_: object) -> int:
         raise RuntimeError("injected crash after the journal step")
 
-    monkeypatch.setattr(MessageStore, "erase_thread", crash)
+    monkeypatch.setattr(MessageStore, "erase_threads", crash)
     r = await s.client.post("/v1/agents/crashy/threads/t1/erase", headers=s.headers(user="dave"))
     assert r.status_code == 404  # not carol's thread to erase
     r = await s.client.post("/v1/agents/crashy/threads/t1/erase", headers=s.headers(user="carol"))
@@ -241,7 +241,7 @@ async def test_thread_erasure_resumes_after_a_crash_half_way(
     assert await journal_mentions(s, "quokka-lasagne") == 0  # the journal part was done
     assert await svc.message_store.thread_row_counts("acme", "crashy", "t1") != (0, 0)
 
-    monkeypatch.setattr(MessageStore, "erase_thread", real)
+    monkeypatch.setattr(MessageStore, "erase_threads", real)
     assert erasure_id in await svc.erasures.resume()
     await svc.erasures.wait(erasure_id)
     status = await wait_done(s, erasure_id, s.key)

@@ -160,6 +160,34 @@ async def test_erasure_removes_the_thread_s_postings(message_store: MessageStore
     assert await search(message_store, Caller("acc", "ag", None), query="secret recipe") == []
 
 
+async def test_many_threads_are_erased_together_and_only_they(
+    message_store: MessageStore,
+) -> None:
+    """One erasure of several threads (a user's): their rows go from every table, the
+    count is theirs, ids with quotes and backslashes are quoted, another agent's thread of
+    the same id and the other threads stay; erasing again removes nothing."""
+    odd = "t'; DROP TABLE messages; --\\"
+    msgs = [
+        m(t, o, "user", f"kumquat {t} turn {o}", user="u1")
+        for t in ("a", "b", odd, "kept")
+        for o in range(3)
+    ]
+    await project(message_store, msgs)
+    other_agent = [replace(x, agent_id="ag2") for x in msgs if x.thread_id == "a"]
+    await project(message_store, other_agent)
+    gone = [("acc", "ag", "a"), ("acc", "ag", "b"), ("acc", "ag", odd), ("acc", "ag", "a")]
+    assert await message_store.erase_threads(gone) == 9
+    assert await message_store.erase_threads(gone) == 0
+    db = message_store.database
+    for table in ("messages", POSTINGS_TABLE, "thread_users"):
+        left = await message_store.engine.rows(
+            f"SELECT DISTINCT agent_id, thread_id FROM {db}.{table} ORDER BY 1, 2", {}
+        )
+        assert [(str(r[0]), str(r[1])) for r in left] == [("ag", "kept"), ("ag2", "a")]
+    hits = await search(message_store, Caller("acc", "ag", "u1"), query="kumquat turn")
+    assert set(hits) == {("kept", 0), ("kept", 1), ("kept", 2)}
+
+
 async def test_a_table_without_postings_is_filled_at_start(message_store: MessageStore) -> None:
     await project(message_store, [m("old", 0, "user", "we adopted kittens last spring")])
     db = message_store.database

@@ -16,7 +16,8 @@ An erasure is a row in ``erasures`` (Postgres) that runs to completion in the ba
    user's key are destroyed, so every sealed copy on the Kafka topics is unreadable.
 3. **Journal**: messages, tool calls and sequence-log envelopes (``Journal.erase_threads``).
 4. **Summaries**: every summary object and every Redis key of each thread.
-5. **ClickHouse**: the message rows and owner rows of each thread.
+5. **ClickHouse**: the message rows, postings, vectors and owner rows of the threads, one
+   mutation per table for all of them (``MessageStore.erase_threads``).
 
 Every step is idempotent, so an erasure interrupted anywhere (a crash, a failing store) is
 resumed by running it again from the start: ``resume()`` does that for every erasure still
@@ -375,15 +376,15 @@ class Erasures:
                 "journal_sequence": erased.sequence,
             },
         )
-        for ref in refs:  # each store's count is recorded as soon as it is done
-            if self._svc.summary_store is not None:
+        if self._svc.summary_store is not None:
+            for ref in refs:  # each thread's count is recorded as soon as it is done
                 objects, keys = await self._svc.summary_store.erase(ref)
                 await self._count(e.erasure_id, {"summaries": objects, "redis": keys})
-            if self._svc.message_store is not None:
-                rows = await self._svc.message_store.erase_thread(
-                    ref.account_id, ref.agent_id, ref.thread_id
-                )
-                await self._count(e.erasure_id, {"clickhouse": rows})
+        if self._svc.message_store is not None:  # all threads in one mutation per table
+            rows = await self._svc.message_store.erase_threads(
+                [(r.account_id, r.agent_id, r.thread_id) for r in refs]
+            )
+            await self._count(e.erasure_id, {"clickhouse": rows})
 
 
 async def erased_threads(pool: asyncpg.Pool, account_id: str) -> set[tuple[str, str]]:

@@ -335,17 +335,27 @@ def _quote(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def erase_thread_sql(
-    database: str, table: str, account_id: str, agent_id: str, thread_id: str
-) -> str:
-    """Delete one thread's rows of ``table`` synchronously (erasure). Values are quoted
-    here because mutations take no query parameters."""
+def erase_threads_sql(database: str, table: str, threads: Sequence[tuple[str, str, str]]) -> str:
+    """Delete the rows of ``threads`` ((account, agent, thread) triples, at least one) from
+    ``table`` synchronously (erasure), in one mutation: a mutation rewrites every part it
+    touches, so one per table instead of one per thread and table. Values are quoted here
+    because mutations take no query parameters."""
+    if not threads:
+        raise ValueError("erase_threads_sql needs at least one thread")
     db = check_database(database)
+    keys = ", ".join(f"({_quote(a)}, {_quote(g)}, {_quote(t)})" for a, g, t in threads)
     return (
-        f"ALTER TABLE {db}.{table} DELETE WHERE account_id = {_quote(account_id)} "
-        f"AND agent_id = {_quote(agent_id)} AND thread_id = {_quote(thread_id)} "
+        f"ALTER TABLE {db}.{table} DELETE WHERE (account_id, agent_id, thread_id) IN ({keys}) "
         "SETTINGS mutations_sync = 2"
     )
+
+
+def thread_counts_sql(database: str, threads: Sequence[tuple[str, str, str]]) -> str:
+    """Rows stored for each of ``threads`` (duplicates included), one statement: what an
+    erasure reports it removed. Quoted like :func:`erase_threads_sql`, whose keys it reads."""
+    db = check_database(database)
+    keys = ", ".join(f"({_quote(a)}, {_quote(g)}, {_quote(t)})" for a, g, t in threads)
+    return f"SELECT count() FROM {db}.messages WHERE (account_id, agent_id, thread_id) IN ({keys})"
 
 
 def bind_for_text(params: Mapping[str, SqlParam]) -> dict[str, str]:
