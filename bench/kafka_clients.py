@@ -6,7 +6,10 @@ interleaved rounds whose order rotates; medians are printed with each rate's rat
 aiokafka's plain ``getmany``. Variants:
 
 - ``aiokafka getmany``: the values of every record gathered (what a replay keeps);
-- ``aiokafka + RawRecord``: plus the runtime's record (``consumer.flatten_poll``);
+- ``aiokafka + RawRecord``: plus the runtime's record (``consumer.raw_record``) as it was
+  built from aiokafka's ``ConsumerRecord``;
+- ``aiokafka, fetched RawRecord``: the runtime's record built by the fetcher instead
+  (``streams.fetched_records``, no ``ConsumerRecord``);
 - ``confluent consume``: ``Consumer.consume(num_messages=N)`` in a worker thread
   (``asyncio.to_thread``), values gathered in the thread;
 - ``confluent + RawRecord``: plus a :class:`RawRecord` per message built in the thread.
@@ -37,7 +40,8 @@ from memstream.infra.kafka.admin import ensure_topics
 from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Message
 from memstream.schemas.topics import Topics
-from memstream.streams.consumer import flatten_poll
+from memstream.streams.consumer import raw_record
+from memstream.streams.fetched_records import as_raw_record, install
 from memstream.streams.processor import RawRecord, new_raw_record
 
 PARTITIONS = 4
@@ -67,11 +71,16 @@ async def fill(bootstrap: str, topic: str, n: int) -> None:
         await producer.stop()
 
 
-async def aiokafka_read(bootstrap: str, topic: str, n: int, records: bool) -> int:
+async def aiokafka_read(
+    bootstrap: str, topic: str, n: int, records: bool, fetched: bool = False
+) -> int:
+    if fetched:
+        install()
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         max_partition_fetch_bytes=4 * 1024 * 1024,
+        value_deserializer=as_raw_record if fetched else None,
     )
     await consumer.start()
     try:
@@ -81,9 +90,15 @@ async def aiokafka_read(bootstrap: str, topic: str, n: int, records: bool) -> in
         got = 0
         while got < n:
             polled = await consumer.getmany(timeout_ms=1000, max_records=5000)
-            if records:
+            if fetched:
+                out_: list[RawRecord] = []
+                for recs in polled.values():
+                    out_.extend(recs)
+                got += len(out_)
+            elif records:
                 out: list[RawRecord] = []
-                flatten_poll(polled, out, {})
+                for recs in polled.values():
+                    out.extend(map(raw_record, recs))
                 got += len(out)
             else:
                 for recs in polled.values():
@@ -158,6 +173,9 @@ async def main() -> None:
             variants: dict[str, Callable[[], Awaitable[int]]] = {
                 "aiokafka getmany": lambda: aiokafka_read(bootstrap, topics.journal, n, False),
                 "aiokafka + RawRecord": lambda: aiokafka_read(bootstrap, topics.journal, n, True),
+                "aiokafka, fetched RawRecord": lambda: aiokafka_read(
+                    bootstrap, topics.journal, n, True, fetched=True
+                ),
                 "confluent consume": lambda: confluent_read(bootstrap, topics.journal, n, False),
                 "confluent + RawRecord": lambda: confluent_read(bootstrap, topics.journal, n, True),
             }

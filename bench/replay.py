@@ -1,16 +1,18 @@
 """Replay rate: ``memstream replay`` (topic -> fresh generation) vs the raw engines.
 
-Run: ``python bench/replay.py [--messages 50000] [--entries 2000] [--texts N] [--broker auto]``.
+Run: ``python bench/replay.py [--messages 50000] [--entries 2000] [--texts N] [--broker auto]
+[--before REF]``.
 
 Starts an embedded Kafka broker (Apache Kafka when java+mvn exist, else Tansu) and an
 embedded Postgres (replay checkpoints), fills a ``journal`` and a ``memory`` topic, then:
 
 1. ``messages``: :func:`run_replay` of the journal topic into a fresh chdb database, in
    ``--rounds`` interleaved rounds of: the Python path (decode, dedupe, row mapping, Arrow
-   insert) in batches of 2,000; *before*, the bulk path with ClickHouse parsing the raw
-   records (``bulk_parse="engine"``); *after*, the bulk path with pyarrow parsing them (the
-   default), both in the sink's own batch size (dedupe on event id; Arrow inserts). The raw
-   ceiling: the same rows, already mapped, inserted as Arrow in the sink's batch size.
+   insert) in batches of 2,000, with ``--python-path``; *before*, this tree's bulk path
+   reading the topic with the ``TopicSource`` of commit ``--before`` (default ``main``,
+   loaded from git: aiokafka's ``getmany`` until librdkafka took over); *after*, this tree's
+   (``RangeReader``), both in the sink's own batch size. The raw ceilings: the same rows,
+   already mapped, inserted as Arrow in the sink's batch size, four ways (``raw_insert``).
 2. ``memory``: :func:`run_replay` of the memory topic into fresh qdrant-edge collections with
    a warm embedding cache (the live projector embedded every entry once), vs the raw ceiling:
    the same points, vectors in hand, upserted straight into the shard (and the same with the
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -62,6 +66,7 @@ from memstream.schemas.events import Envelope, encode, memory_event, message_app
 from memstream.schemas.records import MemoryEntry, Message, ThreadRef
 from memstream.schemas.topics import Topics, memory_key
 
+REPO = Path(__file__).resolve().parent.parent
 T = datetime(2026, 1, 1, tzinfo=UTC)
 BATCH = 2_000
 WORDS = [
@@ -162,22 +167,23 @@ class PythonPathSink:
         await grouped_view(target.engine, target.database)
 
 
-class MainSink(PythonPathSink):
-    """``replay messages`` as main had it before this round: the postings view (grouping
-    every (message, term)) inside every insert, no seal, and each batch parsed then written
-    with nothing overlapping but the Kafka read-ahead (``parse_values`` hands the raw
-    records on, ``write_values`` parses and writes them)."""
-
-    async def parse_values(self, generation: int, values: Sequence[bytes]) -> Sequence[bytes]:
-        return values
-
-    async def write_values(
-        self, generation: int, values: Sequence[bytes], seen: set[str]
-    ) -> tuple[int, int]:
-        parsed = await self.inner.parse_values(generation, values)
-        if parsed is None:
-            raise AssertionError("the bench's records all parse in bulk")
-        return await self.inner.write_values(generation, parsed, seen)
+def load_before_source(ref: str) -> type[TopicSource]:
+    """``TopicSource`` of commit ``ref`` (``replay_sources.py`` loaded from git under its own
+    name; it imports the rest of memstream from this tree)."""
+    text = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{ref}:src/memstream/projections/replay_sources.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    file = Path(tempfile.mkdtemp(prefix="before-")) / "before_replay_sources.py"
+    file.write_text(text)
+    spec = importlib.util.spec_from_file_location("before_replay_sources", file)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod.TopicSource  # type: ignore[no-any-return]
 
 
 async def grouped_view(engine: ChdbEngine, db: str) -> None:
@@ -237,7 +243,9 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each path")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--python-path", action="store_true", help="also the Python decode path")
+    ap.add_argument("--before", default="main", help="git ref whose replay source is 'before'")
     args = ap.parse_args()
+    before_source = load_before_source(args.before)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
         broker = embedded_broker(data / "kafka", broker=args.broker, partitions=4)
@@ -278,9 +286,9 @@ async def main() -> None:
             loads: list[float] = []
             last: Progress | None = None
             # python: decode, dedupe, row mapping, Arrow insert (batches of BATCH);
-            # before: main's bulk path (pyarrow parse, then the inserts through main's
-            # grouping view, one batch at a time); after: now (parse of batch N+1 beside the
-            # write of N, inserts without the view, the postings filled once by the seal).
+            # before / after: this tree's bulk path (parse of batch N+1 beside the write of N,
+            # inserts without the view, the postings filled once by the seal), reading the
+            # topic with --before's source / this tree's.
             # Raw: the same rows as Arrow tables built beforehand, inserted four ways (see
             # raw_insert). Rounds interleave the paths, the order rotating by round.
             for rnd in range(args.rounds):
@@ -294,13 +302,12 @@ async def main() -> None:
                     size = batch
                     if path == "python":
                         sink, size = PythonPathSink(MessagesSink(live, "bench")), BATCH
-                    elif path == "before":
-                        sink = MainSink(MessagesSink(live, "bench"))
                     else:
                         sink = MessagesSink(live, "bench")
-                    rep = await replay_rate(
-                        sink, TopicSource(broker.address, topics.journal), state, size
+                    source = (before_source if path == "before" else TopicSource)(
+                        broker.address, topics.journal
                     )
+                    rep = await replay_rate(sink, source, state, size)
                     rates[path].append(rep.rate)
                     last = rep if path == "after" else last
             assert last is not None
@@ -311,7 +318,7 @@ async def main() -> None:
             )
             labels = {
                 "python": f"replay, Python decode, batch {BATCH}",
-                "before": f"replay before (main), batch {batch}",
+                "before": f"replay, {args.before}'s source, batch {batch}",
                 "after": f"replay after, batch {batch}",
                 "view": "raw Arrow insert, with the postings view",
                 "grouped view": "raw Arrow insert, with main's grouping view",

@@ -16,10 +16,17 @@ from memstream.streams.consumer import (
 from memstream.streams.processor import EventMeta, RawRecord, new_raw_record
 
 
-def rec(partition: int, offset: int, value: bytes | None = b"v") -> ConsumerRecord[bytes, bytes]:
+def kafka_rec(
+    partition: int, offset: int, value: bytes | None = b"v"
+) -> ConsumerRecord[bytes, bytes]:
     return ConsumerRecord(
         "t.journal", partition, offset, 1_700_000_000_123, 0, b"k", value, None, 1, 1, []
     )
+
+
+def rec(partition: int, offset: int) -> RawRecord:
+    """A record as the consumer's fetcher hands it over (``streams.fetched_records``)."""
+    return raw_record(kafka_rec(partition, offset))
 
 
 def test_a_poll_keeps_each_partitions_order_and_commits_after_its_last_record() -> None:
@@ -33,7 +40,7 @@ def test_a_poll_keeps_each_partitions_order_and_commits_after_its_last_record() 
 
 
 def test_a_record_keeps_its_origin_and_gets_seconds() -> None:
-    r = raw_record(rec(3, 42, value=None))
+    r = raw_record(kafka_rec(3, 42, value=None))
     assert (r.meta.topic, r.meta.partition, r.meta.offset, r.meta.key) == (
         "t.journal",
         3,

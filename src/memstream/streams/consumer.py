@@ -79,6 +79,7 @@ from memstream.infra.settings import Settings
 from memstream.infra.supervisor import LoopState
 from memstream.schemas.topics import Topics
 from memstream.streams.coverage import CoverageStore, PartitionCoverage
+from memstream.streams.fetched_records import as_raw_record, install
 from memstream.streams.processor import (
     RETRY_FOR_HEADER,
     DependencyDown,
@@ -129,7 +130,8 @@ def group_id(settings: Settings, name: str) -> str:
 # --- pure rules ------------------------------------------------------------------------------
 def raw_record(rec: ConsumerRecord[bytes, bytes]) -> RawRecord:
     """An aiokafka record (no deserializers: bytes or None) as the dispatcher's
-    :class:`RawRecord`; the timestamp in epoch seconds."""
+    :class:`RawRecord`; the timestamp in epoch seconds. The consumer's own records are built
+    by the fetcher instead (``streams.fetched_records``), with the same fields."""
     ts = rec.timestamp
     retry_for = None
     headers = rec.headers
@@ -150,7 +152,7 @@ def raw_record(rec: ConsumerRecord[bytes, bytes]) -> RawRecord:
 
 
 def first_gaps(
-    polled: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
+    polled: Mapping[TopicPartition, Sequence[RawRecord]],
     expected: Mapping[TopicPartition, int],
 ) -> dict[TopicPartition, tuple[int, int]]:
     """Partitions whose first polled record is past the offset expected next:
@@ -159,8 +161,9 @@ def first_gaps(
     for tp, records in polled.items():
         if records:
             want = expected.get(tp)
-            if want is not None and records[0].offset > want:
-                gaps[tp] = (want, records[0].offset)
+            first = records[0].meta.offset
+            if want is not None and first > want:
+                gaps[tp] = (want, first)
     return gaps
 
 
@@ -176,7 +179,7 @@ def lowest_offsets(batch: Sequence[RawRecord]) -> dict[TopicPartition, int]:
 
 
 def flatten_poll(
-    polled: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
+    polled: Mapping[TopicPartition, Sequence[RawRecord]],
     into: list[RawRecord],
     offsets: dict[TopicPartition, int],
 ) -> None:
@@ -184,8 +187,8 @@ def flatten_poll(
     ``offsets`` to each partition's last offset + 1."""
     for tp, records in polled.items():
         if records:
-            into.extend(map(raw_record, records))
-            offsets[tp] = max(offsets.get(tp, 0), records[-1].offset + 1)
+            into.extend(records)
+            offsets[tp] = max(offsets.get(tp, 0), records[-1].meta.offset + 1)
 
 
 # --- the adapter -----------------------------------------------------------------------------
@@ -261,6 +264,7 @@ class ProcessorConsumer:
             keyring=keyring,
         )
         session = settings.consumer_session_timeout_s
+        install()  # getmany hands over RawRecord objects built by the fetcher
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=self.group_id,
@@ -271,6 +275,7 @@ class ProcessorConsumer:
             rebalance_timeout_ms=int(max(session * 2, 10.0) * 1000),
             # a partition added to the topic is noticed (and the group rebalanced) this soon
             metadata_max_age_ms=int(settings.kafka_metadata_max_age_s * 1000),
+            value_deserializer=as_raw_record,
         )
         self._commit_interval = commit_interval_s
         #: this consume loop's supervised state (``infra.supervisor``: readiness, console)
@@ -488,7 +493,7 @@ class ProcessorConsumer:
 
     def _take(
         self,
-        polled: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
+        polled: Mapping[TopicPartition, Sequence[RawRecord]],
         into: list[RawRecord],
         offsets: dict[TopicPartition, int],
     ) -> bool:
@@ -527,7 +532,7 @@ class ProcessorConsumer:
         if rewind:
             for tp, records in polled.items():
                 if records:
-                    self._seek(tp, expected.get(tp, records[0].offset))
+                    self._seek(tp, expected.get(tp, records[0].meta.offset))
             self._rewind(into)  # after: a partition already in the batch goes back further
             return False
         flatten_poll(polled, into, offsets)
