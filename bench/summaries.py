@@ -13,8 +13,9 @@ right before and right after, so every ratio compares reads of the same records 
 apart (the ratio is to their mean; the CPU ratio, raw consume's CPU per message over the
 processor's, moves less with the load).
 ``--before REF`` (default ``faff411``, the commit before the count mark) loads that commit's
-``streams/counters.py``, ``infra/thread_state.py`` and the consume loop's record constructor
-(``streams/consumer.raw_record``) from git beside this tree's; the variants run interleaved,
+``streams/counters.py``, ``infra/thread_state.py`` and the processors' consumer
+(``streams/consumer.ProcessorConsumer``, with its record constructor) from git beside this
+tree's; the variants run interleaved,
 their order rotating by round. Besides the rates: this process's
 CPU per message, Valkey's CPU per message (``INFO cpu``) and its script time per message
 (``INFO commandstats``, ``evalsha``).
@@ -40,6 +41,7 @@ from types import ModuleType
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.consumer import fetcher as aiokafka_fetcher
 from obstore.store import LocalStore
 
 from memstream.infra.embedded.kafka import ApacheKafkaServer, TansuServer, choose_broker
@@ -55,6 +57,8 @@ from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Message, NewMessage, ThreadRef
 from memstream.schemas.topics import Topics
 from memstream.streams import consumer as consumer_mod
+from memstream.streams import fetched_records
+from memstream.streams import runner as runner_mod
 from memstream.streams.counters import CountersProcessor
 from memstream.streams.processor import Processor
 from memstream.streams.runner import Runner
@@ -103,8 +107,16 @@ async def publish(bootstrap: str, topic: str, msgs: list[Message]) -> None:
         await producer.stop()
 
 
+def aiokafka_as_shipped() -> None:
+    """aiokafka's own ``PartitionRecords`` back in place (``fetched_records.install`` swaps
+    in a subclass whose fallback for plain consumers costs a little per record): the raw
+    consume and the "before" consumer run on aiokafka as it ships."""
+    aiokafka_fetcher.PartitionRecords = fetched_records._ORIGINAL  # noqa: SLF001
+
+
 async def raw_consume_rate(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
     """Messages per second of a plain ``getmany`` loop, and this process's CPU µs per message."""
+    aiokafka_as_shipped()
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     try:
@@ -137,9 +149,12 @@ async def main(
     threads: int, latency_threads: int, rounds: int, before_ref: str, interleave: bool
 ) -> None:
     before_state_mod, before_counters_mod, before_consumer_mod = load_before(before_ref)
-    # the runtime's record constructor changed too: each variant runs with its own (the
-    # consume loop looks raw_record up in its module at every poll)
-    record_of = {"before": before_consumer_mod.raw_record, "after": consumer_mod.raw_record}
+    # the runtime's consumer changed too: each variant runs with its own ProcessorConsumer
+    # (the runner looks the class up in its module when it starts one)
+    consumer_of = {
+        "before": before_consumer_mod.ProcessorConsumer,
+        "after": consumer_mod.ProcessorConsumer,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         kind = choose_broker("auto")
@@ -221,7 +236,9 @@ async def main(
                 await publish(kafka.address, topics.journal, msgs)
                 raw, raw_cpu = await raw_consume_rate(kafka.address, topics.journal, n)
                 metrics = make_metrics()
-                consumer_mod.raw_record = record_of[variant]
+                runner_mod.ProcessorConsumer = consumer_of[variant]  # type: ignore[misc]
+                if variant == "before":
+                    aiokafka_as_shipped()  # (this tree's consumer installs its own hook)
                 runner = Runner(
                     settings, {"counters": variants[variant]}, metrics, lag_interval_s=None
                 )
