@@ -93,6 +93,43 @@ async def test_pruned_search_ranks_like_scoring_every_candidate(
     assert hinted >= 5  # and some searches took every term in one statement, from hints
 
 
+async def test_two_word_searches_read_no_term_statistics(message_store: MessageStore) -> None:
+    """A one- or two-word search over all threads is one scoring statement and the text
+    fetch (no statistics statement: :func:`~.ranking.scores_directly`), and still ranks
+    exactly like scoring every candidate, private threads out of hits and of df; three
+    words still read the statistics to plan the pruning."""
+    rng = random.Random(11)
+    await project(message_store, _corpus(rng))
+    statements: list[str] = []
+    rows = message_store.engine.rows
+
+    async def counted(sql: str, params: dict) -> list:  # type: ignore[type-arg]
+        statements.append(sql)
+        return await rows(sql, params)
+
+    message_store.engine.rows = counted  # type: ignore[method-assign]
+    await message_store.collection_stats("acc", "ag")
+    for q in range(12):
+        n_words = 1 + q % 3
+        words = " ".join(rng.sample(WORDS, n_words))
+        caller_user = "u3" if q % 2 == 0 else None
+        spec = SearchSpec("acc", "ag", caller_user, query_words(words), 100, explain=True)
+        reference = await _exhaustive(message_store, spec)
+        n_docs, avg = await message_store.collection_stats("acc", "ag")
+        hinted = message_store._plans_every_term(spec, n_docs, avg, 100)  # noqa: SLF001
+        statements.clear()
+        hits = await message_store.lexical_search(spec)
+        stats_read = sum(" FINAL" in sql for sql in statements)
+        assert stats_read == (0 if n_words <= 2 or hinted else 1), (words, statements)
+        by_bm25 = sorted(
+            hits,
+            key=lambda h: (-float(h.explain["bm25"]), -h.created_at.timestamp(), -h.offset),  # type: ignore[index,arg-type]
+        )
+        assert [(h.thread_id, h.offset) for h in by_bm25] == [(t, o) for t, o, _ in reference]
+        if caller_user is None:
+            assert all(h.thread_id not in {"t3", "t7", "t11"} for h in hits)
+
+
 async def test_term_statistics_give_each_term_s_highest_single_term_score(
     message_store: MessageStore,
 ) -> None:

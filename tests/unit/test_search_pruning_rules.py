@@ -18,6 +18,7 @@ from memstream.projections.messages.ranking import (
     proximity,
     rarest_first,
     rerank,
+    scores_directly,
     single_term_stats,
 )
 
@@ -155,3 +156,11 @@ def test_rerank_orders_by_relevance_then_newest_then_offset_then_thread() -> Non
     ranked = rerank(words, rows, 3, 0.5, 4)
     assert [(r.thread_id, r.offset) for r in ranked] == [("t1", 5), ("t0", 4), ("t3", 4), ("t2", 1)]
     assert ranked[3].relevance == 3.0 and ranked[3].proximity == 1.0
+
+
+def test_only_searches_of_three_words_or_more_over_all_threads_plan_pruning() -> None:
+    # one thread, or one or two words: every candidate scored, no statistics statement
+    assert all(scores_directly(n, one_thread=True) for n in range(1, 6))
+    assert scores_directly(1, one_thread=False)
+    assert scores_directly(2, one_thread=False)
+    assert not any(scores_directly(n, one_thread=False) for n in range(3, 8))

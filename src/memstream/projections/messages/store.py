@@ -61,6 +61,7 @@ from memstream.projections.messages.ranking import (
     plan,
     rarest_first,
     rerank,
+    scores_directly,
     single_term_stats,
 )
 from memstream.projections.messages.rows import (
@@ -511,20 +512,20 @@ class MessageStore:
         """BM25 with the proximity bonus only (the whole search without a dense side).
 
         Three steps over the posting lists (:mod:`.postings`, rules in :mod:`.ranking`): the
-        query terms' exact statistics; BM25's best :data:`RERANK_WINDOW`, reading the
+        query terms' exact statistics (not for one thread or up to two words:
+        :func:`~.ranking.scores_directly`); BM25's best :data:`RERANK_WINDOW`, reading the
         common terms' postings only for the messages holding a rarer term when that is
         exact (max-score pruning; otherwise once more with more terms); the proximity
         bonus over those and the final order. Then the text of the rows returned."""
         n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
         k = max(RERANK_WINDOW, spec.limit)
-        if (
-            spec.thread_id is not None
-            or len(spec.words) == 1
-            or self._plans_every_term(spec, n_docs, avg_len, k)
+        if scores_directly(len(spec.words), spec.thread_id is not None) or self._plans_every_term(
+            spec, n_docs, avg_len, k
         ):
-            # one thread holds few messages, one word is always its own essential term, and
-            # the hints may say the plan would take every term: score every candidate,
-            # counting df in the same query (no statistics statement), exact either way
+            # one thread holds few messages, one or two words gain less from pruning than
+            # the statistics cost, and the hints may say the plan would take every term:
+            # score every candidate, counting df in the same query (no statistics
+            # statement), exact either way
             sql, params = score_sql(self.database, spec, None, (n_docs, avg_len), spec.words, k)
             best = await self.engine.rows(sql, params)
             dfs = _ints(best[0][7]) if best else []
