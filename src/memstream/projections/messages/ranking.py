@@ -35,9 +35,9 @@ DIRECT_MAX_TERMS: Final = 2
 candidate, df counted in the same query (:func:`scores_directly`). The statistics read every
 posting of every query term (``FINAL``), so with two terms they cost about what scoring all
 candidates saves, and the plan takes both terms for most two-word queries anyway. Measured at
-1M messages, two words over all threads: p50 0.70-0.71x of pruning in 3 of 3 same-run
-rounds, p99 0.88-1.02x; with three words pruning wins its p99 (1.20-1.35x worse without it),
-so it stays (docs/transcript-search.md, "Two words: one statement")."""
+1M messages, two words over all threads, against main in 3 same-run A/Bs: p50 0.72-0.73x,
+p99 0.67-0.83x; three words scored the same way had p99 0.96-1.35x of pruning, so they
+still plan (docs/transcript-search.md, "Two words: one statement")."""
 
 
 @dataclass(frozen=True, slots=True)
