@@ -37,13 +37,13 @@ from memstream.infra.settings import Settings
 from memstream.infra.summary_store import SummaryStore
 from memstream.infra.thread_state import ThreadState
 from memstream.schemas.events import encode, message_appended
-from memstream.schemas.records import ThreadRef
+from memstream.schemas.records import Message, Summary, ThreadRef
 from memstream.schemas.topics import Topics
 from memstream.streams.consumer import group_id
 from memstream.streams.counters import CountersProcessor
 from memstream.streams.processor import RetryPolicy
 from memstream.streams.runner import Runner
-from tests.integration.test_count_mark import messages
+from tests.integration.test_count_mark import T0, messages, tokens_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -66,7 +66,11 @@ class Setup:
         state = ThreadState(self.redis)
         return Runner(
             self.settings,
-            {"counters": lambda: CountersProcessor(state, self.store, guard_ttl_s=600)},
+            {
+                "counters": lambda: CountersProcessor(
+                    state, self.store, guard_ttl_s=600, journal=SentJournal(self.sent)
+                )
+            },
             self.metrics,
             retry=RetryPolicy(attempts=3, first_delay=0.05),
             lag_interval_s=None,
@@ -78,6 +82,16 @@ class Setup:
     @property
     def positions_key(self) -> str:
         return redis_keys.consumer_positions(group_id(self.settings, "counters"))
+
+
+class SentJournal:
+    """The journal of what :func:`send` sent (the same messages, by offset)."""
+
+    def __init__(self, sent: dict[ThreadRef, int]) -> None:
+        self._sent = sent
+
+    async def read_range(self, ref: ThreadRef, start: int, end_inclusive: int) -> list[Message]:
+        return messages(ref, range(start, min(end_inclusive + 1, self._sent.get(ref, 0))))
 
 
 @pytest.fixture
@@ -241,3 +255,65 @@ async def test_positions_left_from_an_earlier_log_do_not_blind_the_check(setup: 
     for partition in range(2):
         await s.redis.hset(s.positions_key, f"{s.topics.journal}:{partition}", 10_000)
     await rollback_while_running(s)
+
+
+async def summarize(s: Setup, ref: ThreadRef, up_to: int) -> None:
+    """What the summarizer does for the span 0..``up_to``: store version 1, reset the counters."""
+    await s.store.write(
+        ref,
+        Summary(1, T0, up_to, f"m{up_to}", "summary", 5, up_to + 1),
+        expected_previous_version=0,
+    )
+    await ThreadState(s.redis).apply_summary(
+        ref, up_to, sum(tokens_of(o) for o in range(up_to + 1)), up_to + 1
+    )
+
+
+async def wait_counters(s: Setup, want: dict[ThreadRef, tuple[int, int]]) -> None:
+    """Until every thread's ``(tokens, messages)`` equal ``want``; fails naming the others."""
+    state = ThreadState(s.redis)
+
+    async def got() -> dict[ThreadRef, tuple[int, int]]:
+        return {ref: await state.counters(ref) for ref in s.threads}
+
+    try:
+        async with asyncio.timeout(60):
+            while await got() != want:
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        now = await got()
+        off = {r.thread_id: (now[r], want[r]) for r in s.threads if now[r] != want[r]}
+        raise AssertionError(f"(counters, expected) per thread: {off}") from None
+
+
+async def test_a_summary_applied_in_the_lost_window_is_not_counted_again(setup: Setup) -> None:
+    """30 messages per thread counted (Valkey's durable state), 15 more, then a summary of
+    0..39 applied: Valkey loses all of it after the group committed the 45. The 10 messages
+    after the summary are what the thread has to its counters once 5 more come, and no early
+    summary is asked: before the fix the re-read 30..44 were counted again on top of the
+    restored 30, 50 messages since a summary of 40, and the guard taken for a request."""
+    s = setup
+    runner = s.runner()
+    await runner.start()
+    try:
+        await runner.wait_ready(60)
+        await send(s, 30)
+        await wait_counted(s)
+        before = await snapshot(s)
+        await send(s, 15)
+        await wait_counted(s)
+        for ref in s.threads:
+            await summarize(s, ref, 39)
+        after_summary = (sum(tokens_of(o) for o in range(40, 45)), 5)
+        await wait_counters(s, dict.fromkeys(s.threads, after_summary))
+        await asyncio.sleep(1.5)  # the group commits past the 45 (commit interval 1 s)
+        await roll_back(s, before)  # the 15 and the summary's reset gone
+        await send(s, 5)
+        since_summary = (sum(tokens_of(o) for o in range(40, 50)), 10)
+        await wait_counters(s, dict.fromkeys(s.threads, since_summary))
+        assert store_rewinds(s) >= 1
+        state = ThreadState(s.redis)
+        assert [await state.watermark(ref) for ref in s.threads] == [39] * 4
+        assert [await s.redis.get(redis_keys.guard(ref)) for ref in s.threads] == [None] * 4
+    finally:
+        await runner.stop()

@@ -475,6 +475,17 @@ class ThreadState:
         )
         return int(cast(bytes, raw)) if raw is not None else -1
 
+    async def watermarks(self, refs: Sequence[ThreadRef]) -> list[int | None]:
+        """Each thread's watermark as Valkey holds it (None: unknown), in ``refs`` order; one
+        ``MGET`` (keys of many slots: one node, as the batch scripts)."""
+        if not refs:
+            return []
+        raw = await _call(
+            lambda: self._redis.mget([redis_keys.watermark(r) for r in refs]),
+            "reading watermarks",
+        )
+        return [int(v) if v is not None else None for v in cast(list[bytes | None], raw)]
+
     async def init_watermarks(self, marks: Mapping[ThreadRef, int]) -> None:
         """:meth:`init_watermark` for each ``ref -> last summarized offset``, pipelined."""
         if not marks:

@@ -25,6 +25,11 @@ Guarantees:
   re-publishes the same request (deterministic event id per span end).
 - The counters are reset by the summarizer when the summary is written, by subtracting the
   summarized span (messages counted meanwhile stay counted).
+- Valkey losing acknowledged writes (a kill between two fsyncs, a failover to a lagging
+  replica) loses no count and counts nothing twice: the processor reads the lost range again
+  (``Rewind``), and first re-applies the summaries Valkey lost for the threads it re-reads
+  (:mod:`~memstream.streams.summary_catchup`: watermark from the summary store, the
+  summarized messages subtracted), so a message a summary covers is not counted again.
 - A batch returns only after every request it produced was acknowledged by the broker; if
   anything fails the whole batch is handed over again, which the count mark makes a no-op
   apart from re-publishing the same requests.
@@ -55,6 +60,7 @@ from memstream.streams.processor import (
     Received,
     Rewind,
 )
+from memstream.streams.summary_catchup import SpanReader, catch_up
 from memstream.streams.thresholds import ThresholdCounters, should_summarize
 
 log = logging.getLogger(__name__)
@@ -166,10 +172,12 @@ class CountersProcessor(Processor):
         summaries: SummaryStore,
         *,
         guard_ttl_s: int,
+        journal: SpanReader | None = None,
         clock: Clock | None = None,
     ) -> None:
         self._state = state
         self._summaries = summaries
+        self._journal = journal
         self._guard_ttl = guard_ttl_s
         self._clock = clock or SystemClock()
         self._ctx: ProcessorContext | None = None
@@ -178,6 +186,11 @@ class CountersProcessor(Processor):
         self._written: dict[tuple[str, int], int] = {}
         #: partitions the group never committed: their first batch sets the position
         self._reset: set[tuple[str, int]] = set()
+        #: partitions read again after Valkey lost writes, to the position it had
+        #: acknowledged: their threads' summaries may be lost too (see ``_catch_up``)
+        self._suspect: dict[tuple[str, int], int] = {}
+        #: threads caught up since the last loss (each is checked once)
+        self._caught_up: set[ThreadKey] = set()
 
     async def start(self, ctx: ProcessorContext) -> None:
         self._ctx = ctx
@@ -201,6 +214,8 @@ class CountersProcessor(Processor):
     async def handle_raw(self, records: Sequence[RawRecord]) -> None:
         groups: dict[ThreadKey, list[tuple[int, int]]] = {}
         reach: dict[tuple[str, int], int] = {}
+        suspect = self._suspect
+        recheck: set[ThreadKey] = set()
         for rec in records:
             meta = rec.meta
             tp = (meta.topic, meta.partition)
@@ -210,6 +225,8 @@ class CountersProcessor(Processor):
             if step is None:
                 continue
             key, offset, tokens = step
+            if suspect and meta.offset < suspect.get(tp, -1):
+                recheck.add(key)
             steps = groups.get(key)
             if steps is None:
                 groups[key] = steps = []
@@ -224,13 +241,17 @@ class CountersProcessor(Processor):
             {tp: written[tp] for tp in reach if tp in written},
             frozenset(tp for tp in reach if tp in reset) if reset else frozenset(),
         )
+        if recheck:
+            await self._catch_up(recheck)
         try:
             requests = await self.count_threads(
                 {ThreadRef(*k): steps for k, steps in groups.items()}, positions=positions
             )
         except PositionsBehind as e:
             for tp in e.behind:
-                written.pop(tp, None)  # read again from Redis's own position: no check
+                lost_to = written.pop(tp, None)  # read again from Redis's own position
+                if lost_to is not None and lost_to > suspect.get(tp, -1):
+                    suspect[tp] = lost_to
             raise Rewind(
                 e.behind, "valkey holds fewer counted records than were acknowledged"
             ) from e
@@ -238,7 +259,20 @@ class CountersProcessor(Processor):
             if offset > written.get(tp, -1) or tp in reset:
                 written[tp] = offset
             reset.discard(tp)
+            if suspect and offset >= suspect.get(tp, offset + 1):
+                del suspect[tp]
+                if not suspect:
+                    self._caught_up.clear()
         await self._publish(requests)
+
+    async def _catch_up(self, threads: set[ThreadKey]) -> None:
+        """Before counting records of the range Valkey lost: re-apply the summaries it lost
+        with it (:func:`~memstream.streams.summary_catchup.catch_up`), so that a re-read
+        message a summary already covers is not counted again (an early summary)."""
+        todo = [ThreadRef(*k) for k in threads if k not in self._caught_up]
+        if todo:
+            await catch_up(self._state, self._summaries, self._journal, todo)
+            self._caught_up.update(threads)
 
     async def handle_batch(self, items: Sequence[Received]) -> None:
         await self._publish(

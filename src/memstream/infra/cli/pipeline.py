@@ -138,6 +138,7 @@ def processor_factories(stack: Stack) -> dict[str, Callable[[], Processor]]:
             state,
             summaries,
             guard_ttl_s=s.summary_guard_ttl_s,
+            journal=journal,
             clock=stack.clock,
         )
 
