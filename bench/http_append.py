@@ -1,13 +1,19 @@
 """Append over HTTP on ``memstream up``, vs in-process ``Journal.append`` and ``/healthz``.
 
 Run: ``python bench/http_append.py [--clients 64] [--per-client 40] [--rounds 4]
-[--procs 1] [--server now=src] [--server main=/work/main/src] [--env K=V ...]``.
+[--procs 1] [--server now=src] [--server main=/work/main/src] [--before REF] [--env K=V ...]``.
 
 - **The server** is ``memstream up`` itself, a subprocess on a fresh data dir (embedded
   Postgres, Valkey and a Kafka broker; the journal writer, relays and every processor on its
   loop, as a user runs it). Each ``--server NAME=SRC`` starts one, with ``SRC`` first on its
   ``PYTHONPATH`` (so the code before and after a change run side by side, interleaved);
-  ``--env`` passes ``MEMSTREAM_*`` settings to all of them.
+  ``--env`` passes ``MEMSTREAM_*`` settings to all of them. ``--before REF`` adds a server
+  named ``before`` running ``git archive REF``'s ``src`` (a commit, branch or tag of this
+  repository) beside this tree's.
+- **No server outlives the bench.** Each ``memstream up`` runs in a process group of its own
+  (its embedded servers die with it) and asks to get SIGTERM if the bench dies; whatever
+  ends the bench (the end of the run, an exception, Ctrl-C, SIGTERM), the groups get SIGTERM,
+  then SIGKILL after a grace period.
 - **The load** comes from ``--procs`` separate processes (this file with ``--load``), each a
   lean keep-alive HTTP/1.1 client on asyncio streams holding its share of ``--clients``
   connections: a request is pre-encoded bytes, an answer is read by ``Content-Length``. The
@@ -33,14 +39,17 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 ACCOUNT = "bench"
 
@@ -145,6 +154,83 @@ asyncio.run(main())
 
 
 # --- the bench (the parent process) -------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1
+#: a server still running this long after SIGTERM gets SIGKILL
+STOP_GRACE_S = 60.0
+
+
+def _sigterm_with_parent() -> Callable[[], None] | None:
+    """What a child runs before exec so it gets SIGTERM when the bench dies, even by SIGKILL
+    (when no ``finally`` runs); None off Linux. libc is looked up here, in the parent."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+    def setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return setup
+
+
+def spawn_group(argv: list[str], **popen: object) -> subprocess.Popen[str]:
+    """``argv`` as the leader of a new session (process group): a Ctrl-C of the terminal
+    reaches only the bench, which then stops the group with :func:`stop_group`."""
+    return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+        argv,
+        start_new_session=True,
+        preexec_fn=_sigterm_with_parent(),  # noqa: PLW1509 - one prctl call
+        text=True,
+        **popen,
+    )
+
+
+def stop_group(procs: list[subprocess.Popen[str]], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group of each of ``procs`` (at once), then SIGKILL the groups still
+    there after ``grace_s``. Idempotent."""
+
+    def signal_groups(sig: signal.Signals) -> None:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)  # the leader's pid is the group id
+
+    signal_groups(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(max(0.0, deadline - time.monotonic()))
+    signal_groups(signal.SIGKILL)  # the leader's children too, had it left any behind
+    for p in procs:
+        p.wait()
+
+
+class Stopped(SystemExit):
+    """SIGTERM or SIGINT arrived: unwinds the bench through its ``finally`` blocks."""
+
+
+@contextlib.contextmanager
+def stops_on_exit(stop: Callable[[], None]) -> Iterator[None]:
+    """Run ``stop`` however the block ends: normally, by an exception, or by SIGTERM/SIGINT
+    (turned into :class:`Stopped`, exit status 128 + signal); a second signal during
+    ``stop`` is ignored, so the clean-up is not cut short."""
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        raise Stopped(128 + signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig in old:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            stop()
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+
 @dataclass
 class Up:
     """One ``memstream up`` subprocess, its source tree first on PYTHONPATH."""
@@ -165,12 +251,11 @@ class Up:
             "MEMSTREAM_API_KEYS": f"{ACCOUNT}:{self.key}",
         }
         log = (self.data_dir.parent / f"{self.name}-up.log").open("w")
-        self.proc = subprocess.Popen(
+        self.proc = spawn_group(
             [sys.executable, "-m", "memstream", "up", "--data-dir", str(self.data_dir)]
             + ["--port", "0"],
             stdout=subprocess.PIPE,
             stderr=log,
-            text=True,
             env=env,
         )
         got = threading.Event()
@@ -219,12 +304,9 @@ class Up:
         return int(out.stdout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        """Stop the server and everything in its process group (idempotent)."""
+        if self.proc is not None:
+            stop_group([self.proc])
 
 
 class Load:
@@ -234,11 +316,8 @@ class Load:
         self.clients = clients
         self.unready = 0  # /healthz answers 503 (not ready), over the whole run
         self.procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--load"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
+            spawn_group(
+                [sys.executable, __file__, "--load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
             )
             for _ in range(procs)
         ]
@@ -266,10 +345,16 @@ class Load:
         return len(lat) / wall, lat, sum(o["cpu"] for o in outs)
 
     def close(self) -> None:
+        """End of input: each generator exits after its current command; any still there
+        after 10 s is stopped (idempotent)."""
         for p in self.procs:
             assert p.stdin is not None
-            p.stdin.close()
-            p.wait(10)
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+        stop_group(self.procs, grace_s=5)
 
 
 def _settle(servers: list[Up], quiet: float = 0.2, most_s: float = 30.0) -> None:
@@ -316,27 +401,59 @@ class Path_:
     messages: float = 0.0
 
 
+def _stop_servers(servers: list[Up]) -> None:
+    """Stop every server (all at once: each stop waits for a clean shutdown)."""
+    stop_group([s.proc for s in servers if s.proc is not None])
+
+
+def _source_at(ref: str, into: Path) -> Path:
+    """This repository's ``src`` as of git ``ref``, extracted under ``into``."""
+    repo = Path(__file__).resolve().parent.parent
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", ref, "src"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "src"
+
+
+def bench(args: argparse.Namespace) -> None:
+    """Build the servers, run :func:`main`, and stop every process it started however it
+    ends (see :func:`stops_on_exit`)."""
+    work = Path(tempfile.mkdtemp(prefix="httpappend-"))
+    env = dict(kv.split("=", 1) for kv in args.env)
+    named = [s.split("=", 1) for s in args.server or ["now=src"]]
+    if args.before:
+        named.append(["before", str(_source_at(args.before, work / "before-src"))])
+    servers = [Up(name, Path(src), env, work / name) for name, src in named]
+    loads: list[Load] = []
+
+    def stop() -> None:
+        for load in loads:
+            load.close()
+        _stop_servers(servers)
+
+    with stops_on_exit(stop):
+        asyncio.run(main(args, work, servers, loads))
+
+
 def _pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))] * 1e3
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace, work: Path, servers: list[Up], loads: list[Load]) -> None:
+    """The run; ``loads`` gets the load generator, so the caller can stop it too."""
     from memstream.clock import SystemClock
     from memstream.infra.journal import Journal, local_store
 
-    work = Path(tempfile.mkdtemp(prefix="httpappend-"))
-    env = dict(kv.split("=", 1) for kv in args.env)
-    servers = [
-        Up(name, Path(src), env, work / name)
-        for name, src in (s.split("=", 1) for s in args.server or ["now=src"])
-    ]
     journal = await Journal.open(local_store(work / "inproc"), "journal", clock=SystemClock())
     load = Load(args.procs, args.clients)
+    loads.append(load)
     paths: dict[str, Path_] = {}
     try:
-        for s in servers:  # one at a time: two brokers starting at once on 2 cores time out
-            s.start()
+        for up in servers:  # one at a time: two brokers starting at once on 2 cores time out
+            up.start()
         seq = 0
         for r in range(args.rounds + 1):  # round 0 warms up (connections, caches, threads)
             steps: list[tuple[str, Up | None, str]] = [("in-process", None, "append")]
@@ -375,8 +492,7 @@ async def main(args: argparse.Namespace) -> None:
                 p.messages += b1[1] - b0[1]
     finally:
         load.close()
-        for s in servers:
-            s.stop()
+        _stop_servers(servers)
         await journal.close()
     load1, load5, _ = os.getloadavg()
     n = args.clients * args.per_client
@@ -423,5 +539,6 @@ if __name__ == "__main__":
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--server", action="append", help="NAME=SRC (repeatable); default now=src")
     ap.add_argument("--env", action="append", default=[], help="K=V for every server")
+    ap.add_argument("--before", metavar="REF", help="add a server 'before' on git REF's src")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main(ap.parse_args()))
+        bench(ap.parse_args())
