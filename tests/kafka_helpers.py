@@ -11,7 +11,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from memstream.infra.journal import Journal
 from memstream.infra.kafka import high_watermarks
 from memstream.schemas.records import NewMessage, ThreadRef
+from memstream.streams.consumer import raw_record
 from memstream.streams.journal_relay import JournalRelay
+from memstream.streams.processor import RawRecord
 
 
 async def append_load(
@@ -50,6 +52,15 @@ async def read_topic(
     bootstrap: str, topic: str, timeout: float = 30.0
 ) -> dict[int, list[tuple[bytes | None, bytes]]]:
     """Every ``(key, value)`` on ``topic`` now, per partition in offset order."""
+    records = await read_topic_records(bootstrap, topic, timeout)
+    return {p: [(r.meta.key, r.value) for r in recs] for p, recs in records.items()}
+
+
+async def read_topic_records(
+    bootstrap: str, topic: str, timeout: float = 30.0
+) -> dict[int, list[RawRecord]]:
+    """Every record on ``topic`` now, as the processors get it (headers included), per
+    partition in offset order."""
     ends = await high_watermarks(bootstrap, topic)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
@@ -57,13 +68,13 @@ async def read_topic(
         tps = [TopicPartition(topic, p) for p in ends]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        out: dict[int, list[tuple[bytes | None, bytes]]] = {p: [] for p in ends}
+        out: dict[int, list[RawRecord]] = {p: [] for p in ends}
         async with asyncio.timeout(timeout):
             while [tp for tp in tps if await consumer.position(tp) < ends[tp.partition]]:
                 batch = await consumer.getmany(timeout_ms=200)
                 for tp, recs in batch.items():
                     out[tp.partition].extend(
-                        (r.key, r.value) for r in recs if r.offset < ends[tp.partition]
+                        raw_record(r) for r in recs if r.offset < ends[tp.partition]
                     )
         return out
     finally:

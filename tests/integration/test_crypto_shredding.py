@@ -25,6 +25,7 @@ from memstream.infra.kafka.bus import Bus
 from memstream.infra.metrics import make_metrics
 from memstream.infra.settings import Settings
 from memstream.projections.replay_sources import JournalSource, TopicSource
+from memstream.schemas.count_header import COUNT_HEADER, read_count_header
 from memstream.schemas.events import Envelope, decode, summary_requested
 from memstream.schemas.records import Caller, ThreadRef
 from memstream.schemas.topics import Topics
@@ -40,7 +41,7 @@ from memstream.streams.processor import (
 )
 from tests.fixtures.api import ApiStack
 from tests.fixtures.binding import EVERY_AGENT_BOUND
-from tests.kafka_helpers import read_topic
+from tests.kafka_helpers import read_topic, read_topic_records
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -132,6 +133,21 @@ async def test_erasure_shreds_every_topic_copy(
             "private",
         )
         await publish_pipeline(s, bus, topics, relay)
+        # sealed messages still carry their count header, which holds no content
+        sealed = [
+            r
+            for rs in (await read_topic_records(kafka_bootstrap, topics.journal)).values()
+            for r in rs
+        ]
+        assert all(is_sealed(r.value) for r in sealed)
+        messages = [r for r in sealed if r.headers]  # the threads' creations have none
+        assert len(messages) == 9 and len(sealed) == 12
+        for rec in messages:
+            ((name, header),) = rec.headers
+            assert name == COUNT_HEADER and SECRET not in header and KEPT not in header
+            ids, offset, _ = read_count_header(header) or ((), -1, 0)
+            assert rec.meta.key is not None and "/".join(ids).encode() == rec.meta.key
+            assert offset in (0, 1, 2)
         # a processor publishes about each thread (the summarizer's and counters' path)
         ctx = ProcessorContext(
             "p", "g", Settings(), topics, make_metrics(), bus_publish(bus), keyring=svc.keyring

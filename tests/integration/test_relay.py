@@ -20,11 +20,13 @@ from memstream.infra.journal import Journal
 from memstream.infra.kafka import Bus, ensure_topics
 from memstream.infra.metrics import make_metrics
 from memstream.infra.supervisor import LoopState
+from memstream.schemas.count_header import COUNT_HEADER
 from memstream.schemas.events import decode
 from memstream.schemas.records import NewMessage, ThreadRef
 from memstream.schemas.topics import Topics
+from memstream.streams.counters import read_step, record_step
 from memstream.streams.journal_relay import JournalRelay
-from tests.kafka_helpers import read_topic
+from tests.kafka_helpers import read_topic, read_topic_records
 
 THREADS = [ThreadRef("acct", "agent", f"t{i}") for i in range(6)]
 
@@ -230,6 +232,31 @@ async def test_an_oversized_record_is_quarantined_and_every_tenant_goes_on(
     assert sample == 1
 
 
+async def check_count_headers(bootstrap: str, topic: str, expected: int) -> None:
+    """Every message on ``topic`` carries the count header, and it says what its envelope
+    says (what the counters read from it)."""
+    records = [r for recs in (await read_topic_records(bootstrap, topic)).values() for r in recs]
+    assert len(records) == expected
+    for rec in records:
+        assert [name for name, _ in rec.headers] == [COUNT_HEADER]
+        assert record_step(rec) == read_step(rec.value) is not None
+
+
+async def test_every_message_travels_with_the_count_header_its_envelope_says(
+    journal: Journal, bus: Bus, kafka_bootstrap: str, unique_topics: Topics
+) -> None:
+    await ensure_topics(kafka_bootstrap, unique_topics, 3, 1)
+    relay = JournalRelay(journal, bus, unique_topics, batch_size=7)
+    await relay.start()
+    try:
+        appended = await append_round(journal, "counted", rounds=2)
+        relay.notify()
+        assert await relay.wait_caught_up(30)
+    finally:
+        await relay.stop()
+    await check_count_headers(kafka_bootstrap, unique_topics.journal, appended)
+
+
 @pytest.mark.tansu
 async def test_relay_order_per_thread_on_tansu(
     journal: Journal, tansu_bootstrap: str, unique_topics: Topics
@@ -247,6 +274,7 @@ async def test_relay_order_per_thread_on_tansu(
             await relay.stop()
     seen = check_topic(await read_topic(tansu_bootstrap, unique_topics.journal), appended)
     assert set(seen.values()) == {1}
+    await check_count_headers(tansu_bootstrap, unique_topics.journal, appended)
 
 
 async def test_a_relay_restarted_on_a_fresh_broker_republishes_the_journal(

@@ -11,9 +11,11 @@ import pytest
 from memstream.errors import InvalidRequest
 from memstream.infra import redis_keys
 from memstream.infra.thread_state import COUNTERS
-from memstream.schemas.events import DecodeError, Envelope, encode, message_appended
+from memstream.schemas.count_header import COUNT_HEADER, count_header, read_count_header
+from memstream.schemas.events import DecodeError, Envelope, decode, encode, message_appended
 from memstream.schemas.records import Message, ThreadRef
-from memstream.streams.counters import read_step, to_count
+from memstream.streams.counters import read_step, record_step, to_count
+from memstream.streams.processor import EventMeta, RawRecord
 
 
 def appended(**overrides: object) -> Envelope:
@@ -99,3 +101,69 @@ def test_a_damaged_record_fails_as_decode_then_to_count_would(
     with pytest.raises(error) as e:
         read_step(record)
     assert getattr(e.value, "field", None) == field
+
+
+# --- the count header (schemas.count_header): what the relay attaches, what the counters read
+
+
+def record(value: bytes, headers: tuple[tuple[str, bytes], ...] = ()) -> RawRecord:
+    return RawRecord(EventMeta("p.journal", 0, 3, b"acc/agent/th"), value, headers)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"token_count": None},
+        {"token_count": 0},
+        {"thread_id": "a/b\\"},
+        {"account_id": "é\u2028\x00", "offset": 2**40},
+    ],
+)
+def test_the_count_header_reads_what_the_envelope_says(overrides: dict[str, object]) -> None:
+    env = appended(**overrides)
+    raw = encode(env)
+    header = count_header(env)
+    assert header is not None
+    assert read_count_header(header) == read_step(raw)
+    assert record_step(record(raw, ((COUNT_HEADER, header),))) == read_step(raw)
+
+
+def test_a_record_without_a_count_header_is_counted_from_its_envelope() -> None:
+    raw = encode(appended())
+    assert record_step(record(raw)) == (("acc", "agent", "th"), 7, 12)
+    assert record_step(record(raw, (("other", b"x"),))) == (("acc", "agent", "th"), 7, 12)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"",
+        b"not json",
+        b'{"a":1}',
+        b'["acc","agent","th",7]',
+        b'["acc","agent","th",7,12,0]',
+        b'["acc","agent","th","7",12]',
+        b'["acc","agent","th",7,1.5]',
+        b'["acc","agent","th",7,true]',
+        b'["acc","agent",null,7,12]',
+    ],
+)
+def test_an_unreadable_count_header_falls_back_to_the_envelope(header: bytes) -> None:
+    raw = encode(appended())
+    assert read_count_header(header) is None
+    assert record_step(record(raw, ((COUNT_HEADER, header),))) == (("acc", "agent", "th"), 7, 12)
+
+
+def test_an_unreadable_count_header_on_a_bad_envelope_still_names_the_field() -> None:
+    raw = encode(appended(offset="7"))
+    assert count_header(decode(raw)) is None  # the relay attaches none: the envelope decides
+    with pytest.raises(InvalidRequest) as e:
+        record_step(record(raw, ((COUNT_HEADER, b"junk"),)))
+    assert e.value.field == "data.offset"
+
+
+def test_other_events_carry_no_count_header() -> None:
+    env = Envelope("thread.created", "x", 1, "acc", "agent", "th")
+    assert count_header(env) is None
+    assert record_step(record(encode(env))) is None

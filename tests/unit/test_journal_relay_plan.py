@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from memstream.schemas.events import Envelope, decode, encode
+from datetime import UTC, datetime
+
+from memstream.schemas.count_header import COUNT_HEADER, read_count_header
+from memstream.schemas.events import Envelope, decode, encode, message_appended
+from memstream.schemas.records import Message
 from memstream.streams.journal_relay import plan_batch, thread_key
 
 
@@ -20,8 +24,9 @@ def env(thread: str | None, eid: str) -> Envelope:
 def test_records_are_keyed_by_thread_and_published_byte_for_byte() -> None:
     rows = [(7, encode(env("t1", "a"))), (8, encode(env("t2", "b"))), (9, encode(env("t1", "c")))]
     plan = plan_batch(rows, "p.journal", ts=5)
-    assert [k for k, _ in plan.records] == ["acc/ag/t1", "acc/ag/t2", "acc/ag/t1"]
-    assert [v for _, v in plan.records] == [raw for _, raw in rows]  # re-publish is identical
+    assert [k for k, _, _ in plan.records] == ["acc/ag/t1", "acc/ag/t2", "acc/ag/t1"]
+    assert [v for _, v, _ in plan.records] == [raw for _, raw in rows]  # re-publish is identical
+    assert [h for _, _, h in plan.records] == [(), (), ()]  # not messages: nothing to count
     assert plan.last_seq == 9
     assert plan.poison == []
 
@@ -59,7 +64,7 @@ def test_an_oversized_record_is_quarantined_by_reference_and_the_rest_goes_on() 
     )
     rows = [(1, encode(env("t1", "a"))), (2, encode(big)), (3, encode(env("t2", "b")))]
     plan = plan_batch(rows, "p.journal", ts=5, max_record_bytes=1_000)
-    assert [k for k, _ in plan.records] == ["acc/ag/t1", "acc/ag/t2"]  # the others still go
+    assert [k for k, _, _ in plan.records] == ["acc/ag/t1", "acc/ag/t2"]  # the others still go
     assert plan.oversized == (2,) and plan.last_seq == 3
     (letter,) = [decode(v) for _, v in plan.poison]
     assert letter.data["origin_offset"] == 2 and "quarantined" in str(letter.data["error"])
@@ -71,3 +76,37 @@ def test_a_record_at_the_limit_still_travels() -> None:
     raw = encode(env("t1", "a"))
     plan = plan_batch([(1, raw)], "p.journal", ts=5, max_record_bytes=len(raw) + len("acc/ag/t1"))
     assert plan.oversized == () and len(plan.records) == 1
+
+
+def appended(thread: str, offset: int, tokens: int) -> bytes:
+    msg = Message(
+        "acc",
+        "ag",
+        thread,
+        offset,
+        f"m{offset}",
+        "user",
+        "some words",
+        datetime.now(UTC),
+        token_count=tokens,
+    )
+    return encode(message_appended(msg, 1))
+
+
+def test_a_message_travels_with_its_count_header_taken_from_its_envelope() -> None:
+    rows = [(1, appended("t/1", 4, 17)), (2, encode(env("t1", "a"))), (3, appended("t2", 0, 0))]
+    plan = plan_batch(rows, "p.journal", ts=5)
+    headers = [h for _, _, h in plan.records]
+    assert [[name for name, _ in h] for h in headers] == [[COUNT_HEADER], [], [COUNT_HEADER]]
+    assert read_count_header(headers[0][0][1]) == (("acc", "ag", "t/1"), 4, 17)
+    assert read_count_header(headers[2][0][1]) == (("acc", "ag", "t2"), 0, 0)
+    assert plan_batch(rows, "p.journal", ts=9).records == plan.records  # re-publish: identical
+
+
+def test_the_count_header_counts_toward_the_bus_limit() -> None:
+    raw = appended("t1", 4, 17)
+    (_, _, ((_, header),)) = plan_batch([(1, raw)], "p.journal", ts=5).records[0]
+    bare = len(raw) + len("acc/ag/t1")
+    assert plan_batch([(1, raw)], "p.journal", ts=5, max_record_bytes=bare).oversized == (1,)
+    limit = bare + len(COUNT_HEADER) + len(header) + 10
+    assert plan_batch([(1, raw)], "p.journal", ts=5, max_record_bytes=limit).oversized == ()

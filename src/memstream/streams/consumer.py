@@ -148,6 +148,7 @@ def raw_record(rec: ConsumerRecord[bytes, bytes]) -> RawRecord:
         ts / 1000.0 if ts is not None else None,
         retry_for,
         value if value is not None else b"",
+        tuple(headers) if headers else (),
     )
 
 

@@ -1,8 +1,9 @@
 """The counters processor: per-thread threshold counters; asks for a summary on crossing.
 
 Consumes ``journal`` (``message.appended``; other events are ignored) in batches of up to
-:data:`BATCH_MAX` records, undecoded (``raw``): :func:`read_step` reads only the fields
-counting needs. For each message it adds its recorded ``token_count`` to the thread's two
+:data:`BATCH_MAX` records, undecoded (``raw``): :func:`record_step` reads only the fields
+counting needs, from the record's count header (:mod:`~memstream.schemas.count_header`)
+or, without one, from its envelope (:func:`read_step`). For each message it adds its recorded ``token_count`` to the thread's two
 counters unless the thread's count mark says it was counted already, in one atomic Redis
 step; a batch's steps go to Redis as one script, each thread's in log order
 (:meth:`~memstream.infra.thread_state.ThreadState.count_threads`). Then it applies the pure
@@ -49,6 +50,7 @@ from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InvalidRequest
 from memstream.infra.summary_store import SummaryStore
 from memstream.infra.thread_state import ConsumerPositions, PositionsBehind, ThreadState
+from memstream.schemas.count_header import COUNT_HEADER, read_count_header
 from memstream.schemas.events import ENVELOPE_VERSION, Envelope, decode, summary_requested
 from memstream.schemas.records import Message, ThreadRef, req_int, req_str
 from memstream.schemas.topics import JOURNAL
@@ -147,6 +149,19 @@ def read_step(value: bytes) -> tuple[ThreadKey, int, int] | None:
     return (ref.account_id, ref.agent_id, ref.thread_id), offset, tokens
 
 
+def record_step(rec: RawRecord) -> tuple[ThreadKey, int, int] | None:
+    """:func:`read_step` of a consumed journal record, from its count header when it has a
+    readable one (:mod:`~memstream.schemas.count_header`: the relay derives it from the same
+    envelope), from its envelope otherwise."""
+    for name, value in rec.headers:
+        if name == COUNT_HEADER:
+            step = read_count_header(value)
+            if step is not None:
+                return step
+            break
+    return read_step(rec.value)
+
+
 @dataclass(frozen=True, slots=True)
 class _Counted:
     ref: ThreadRef
@@ -221,7 +236,7 @@ class CountersProcessor(Processor):
             tp = (meta.topic, meta.partition)
             if meta.offset >= reach.get(tp, -1):
                 reach[tp] = meta.offset + 1
-            step = read_step(rec.value)  # DecodeError: the runtime isolates the record
+            step = record_step(rec)  # DecodeError: the runtime isolates the record
             if step is None:
                 continue
             key, offset, tokens = step

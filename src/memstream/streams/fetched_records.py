@@ -58,6 +58,7 @@ class _RawPartitionRecords(_ORIGINAL):  # type: ignore[misc]
             ts / 1000.0 if ts is not None else None,
             retry_for,
             value if value is not None else b"",
+            tuple(headers) if headers else (),
         )
 
 

@@ -61,10 +61,11 @@ from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InfraError, JournalError, JournalFenced
 from memstream.infra.data_keys import OVERHEAD_BYTES, Keyring, thread_scope
 from memstream.infra.journal.erase import placeholder
-from memstream.infra.kafka.bus import Bus
+from memstream.infra.kafka.bus import Bus, BusRecord
 from memstream.infra.metrics import Metrics
 from memstream.infra.outage import dependency_of
 from memstream.infra.supervisor import LoopState
+from memstream.schemas.count_header import COUNT_HEADER, count_header
 from memstream.schemas.events import DecodeError, Envelope, dead_letter, decode, encode
 from memstream.schemas.limits import MAX_BUS_RECORD_BYTES
 from memstream.schemas.topics import Topics
@@ -99,9 +100,10 @@ class RelayStats:
 
 @dataclass(frozen=True, slots=True)
 class Planned:
-    """One pass of the relay: records for the journal topic and poison for the DLQ."""
+    """One pass of the relay: records for the journal topic (``(key, value, headers)``) and
+    poison for the DLQ."""
 
-    records: list[tuple[str, bytes]]
+    records: list[tuple[str, bytes, tuple[tuple[str, bytes], ...]]]
     poison: list[tuple[str, bytes]]
     last_seq: int
     oversized: tuple[int, ...] = ()  # seqs quarantined (their letters are in ``poison``)
@@ -115,6 +117,10 @@ def thread_key(env: Envelope) -> str:
         return f"{env.account_id}/{env.agent_id}"
     return f"{env.account_id}/{env.agent_id}/{env.thread_id}"
 
+
+#: What a record's count header adds to its size on the bus, besides its value (a header's
+#: name and value, and their varint lengths, bounded).
+_COUNT_HEADER_BYTES = len(COUNT_HEADER) + 10
 
 #: How much of an oversized record its quarantine letter keeps (the journal keeps it all).
 QUARANTINE_HEAD_BYTES = 4_096
@@ -136,7 +142,7 @@ def plan_batch(
     with ``keep_head=False``, which sealing sets: a letter must carry no thread content).
     """
     envelopes: list[Envelope] = []
-    records: list[tuple[str, bytes]] = []
+    records: list[tuple[str, bytes, tuple[tuple[str, bytes], ...]]] = []
     poison: list[tuple[str, bytes]] = []
     oversized: list[int] = []
     for seq, raw in rows:
@@ -156,7 +162,13 @@ def plan_batch(
             poison.append((PROCESSOR, encode(letter)))
             continue
         key = thread_key(env)
-        size = len(raw) + len(key.encode())
+        counted = count_header(env)
+        headers = () if counted is None else ((COUNT_HEADER, counted),)
+        size = (
+            len(raw)
+            + len(key.encode())
+            + (0 if counted is None else _COUNT_HEADER_BYTES + len(counted))
+        )
         if size > max_record_bytes:
             head = QUARANTINE_HEAD_BYTES if keep_head else 0
             letter = dead_letter(
@@ -179,25 +191,26 @@ def plan_batch(
             poison.append((key, encode(letter)))
             oversized.append(seq)
             continue
-        records.append((key, raw))
+        records.append((key, raw, headers))
         envelopes.append(env)
     return Planned(records, poison, rows[-1][0] if rows else 0, tuple(oversized), tuple(envelopes))
 
 
-async def seal_records(keyring: Keyring, plan: Planned) -> list[tuple[str, bytes]]:
-    """``plan``'s records sealed with their threads' keys (agent-level events as they are).
-    A thread whose key is refused is erased: its envelope goes out as the content-free
-    placeholder the journal's erasure writes (so seqs and counts stay whole)."""
+async def seal_records(keyring: Keyring, plan: Planned) -> list[BusRecord]:
+    """``plan``'s records sealed with their threads' keys (agent-level events as they are),
+    their headers kept. A thread whose key is refused is erased: its envelope goes out as
+    the content-free placeholder the journal's erasure writes (so seqs and counts stay
+    whole), with no header (it is not a message to count)."""
     scopes = [
         None if e.thread_id is None else thread_scope(e.account_id, e.agent_id, e.thread_id)
         for e in plan.envelopes
     ]
     sealed = await keyring.seal_many(
-        [(s, raw) for s, (_, raw) in zip(scopes, plan.records, strict=True)]
+        [(s, raw) for s, (_, raw, _) in zip(scopes, plan.records, strict=True)]
     )
-    out: list[tuple[str, bytes]] = []
-    for (key, _), env, value in zip(plan.records, plan.envelopes, sealed, strict=True):
-        out.append((key, erased_placeholder(env) if value is None else value))
+    out: list[BusRecord] = []
+    for (key, _, headers), env, value in zip(plan.records, plan.envelopes, sealed, strict=True):
+        out.append((key, erased_placeholder(env), ()) if value is None else (key, value, headers))
     return out
 
 
@@ -358,7 +371,7 @@ class JournalRelay:
             keep_head=self._keyring is None,
         )
         self._last_seq = max(self._last_seq, plan.last_seq)
-        records = plan.records
+        records: list[BusRecord] = list(plan.records)
         if self._keyring is not None:  # Postgres away: InfraError, retried like Kafka
             records = await seal_records(self._keyring, plan)
         if not self._bus.started:

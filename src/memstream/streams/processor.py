@@ -107,10 +107,12 @@ RETRY_FOR_HEADER: Final = "memstream-retry-for"
 
 @dataclass(frozen=True, slots=True)
 class RawRecord:
-    """One consumed record, before decoding."""
+    """One consumed record, before decoding, with its Kafka headers (``(name, value)``
+    pairs, as the broker has them)."""
 
     meta: EventMeta
     value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
@@ -124,7 +126,7 @@ def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any
 _M_TOPIC, _M_PARTITION, _M_OFFSET, _M_KEY, _M_TS, _M_RETRY = _slot_setters(
     EventMeta, ("topic", "partition", "offset", "key", "timestamp", "retry_for")
 )
-_R_META, _R_VALUE = _slot_setters(RawRecord, ("meta", "value"))
+_R_META, _R_VALUE, _R_HEADERS = _slot_setters(RawRecord, ("meta", "value", "headers"))
 _new = object.__new__
 
 
@@ -136,8 +138,9 @@ def new_raw_record(
     timestamp: float | None,
     retry_for: str | None,
     value: bytes,
+    headers: tuple[tuple[str, bytes], ...] = (),
 ) -> RawRecord:
-    """``RawRecord(EventMeta(...), value)`` built without the frozen dataclasses' per-field
+    """``RawRecord(EventMeta(...), value, headers)`` built without the frozen dataclasses' per-field
     ``object.__setattr__`` (about half the cost, paid once per consumed record). Checks
     nothing: the consumer's records are typed by aiokafka."""
     meta: EventMeta = _new(EventMeta)
@@ -150,6 +153,7 @@ def new_raw_record(
     rec: RawRecord = _new(RawRecord)
     _R_META(rec, meta)
     _R_VALUE(rec, value)
+    _R_HEADERS(rec, headers)
     return rec
 
 
@@ -403,7 +407,7 @@ class Dispatcher:
                 out.append(rec)
             else:
                 self._sealed[rec.meta] = rec.value
-                out.append(RawRecord(rec.meta, value))
+                out.append(RawRecord(rec.meta, value, rec.headers))
         if gone:
             # never silent: a key missing for any other reason than an erasure loses data
             log.warning(

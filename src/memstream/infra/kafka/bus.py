@@ -35,7 +35,12 @@ from aiokafka.partitioner import DefaultPartitioner
 from memstream.errors import InfraError, PermanentInfraError
 from memstream.infra.kafka.failures import KAFKA_FAILURES, translate
 
-__all__ = ["Bus"]
+__all__ = ["Bus", "BusRecord", "Headers"]
+
+#: Kafka record headers: ``(name, value)`` pairs.
+Headers = Sequence[tuple[str, bytes]]
+#: What :meth:`Bus.publish_many` takes: ``(key, value)`` or ``(key, value, headers)``.
+BusRecord = tuple[str, bytes] | tuple[str, bytes, Headers]
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +159,9 @@ class Bus:
         except KAFKA_FAILURES as exc:
             raise translate(exc, f"publishing to {topic}") from exc
 
-    async def publish_many(self, topic: str, records: Iterable[tuple[str, bytes]]) -> int:
-        """Publish ``(key, value)`` records in order per key; return how many were written.
+    async def publish_many(self, topic: str, records: Iterable[BusRecord]) -> int:
+        """Publish ``(key, value)`` or ``(key, value, headers)`` records in order per key;
+        return how many were written.
 
         Waits for every partition's outcome before returning or raising, so that when it
         raises nothing of this call is still in flight.
@@ -165,12 +171,14 @@ class Bus:
             parts = sorted(await producer.partitions_for(topic))
         except KAFKA_FAILURES as exc:
             raise translate(exc, f"reading partitions of {topic}") from exc
-        by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+        by_partition: dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]] | None]]] = {}
         total = 0
-        for key, value in records:
-            k = key.encode("utf-8")
+        for rec in records:
+            k = rec[0].encode("utf-8")
             p: int = self._partitioner(k, parts, parts)
-            by_partition.setdefault(p, []).append((k, value))
+            headers = rec[2] if len(rec) == 3 else None
+            # aiokafka's C record builder takes a list, nothing else
+            by_partition.setdefault(p, []).append((k, rec[1], list(headers) if headers else None))
             total += 1
         if not total:
             return 0
@@ -192,15 +200,15 @@ class Bus:
         producer: AIOKafkaProducer,
         topic: str,
         partition: int,
-        records: Sequence[tuple[bytes, bytes]],
+        records: Sequence[tuple[bytes, bytes, list[tuple[str, bytes]] | None]],
     ) -> None:
         i = 0
         while i < len(records):
             batch: Any = producer.create_batch()
             start = i
             while i < len(records):
-                key, value = records[i]
-                if batch.append(key=key, value=value, timestamp=None) is None:
+                key, value, headers = records[i]
+                if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                     break
                 i += 1
             if i == start:
