@@ -53,6 +53,7 @@ from memstream.infra.metrics import make_metrics
 from memstream.infra.settings import Settings
 from memstream.infra.summary_store import SummaryStore
 from memstream.infra.thread_state import ThreadState
+from memstream.schemas.count_header import COUNT_HEADER, count_header
 from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Message, NewMessage, ThreadRef
 from memstream.schemas.topics import Topics
@@ -101,7 +102,10 @@ async def publish(bootstrap: str, topic: str, msgs: list[Message]) -> None:
     try:
         for m in msgs:
             key = ThreadRef(m.account_id, m.agent_id, m.thread_id).key.encode()
-            await producer.send(topic, encode(message_appended(m, 1)), key=key)
+            env = message_appended(m, 1)
+            header = count_header(env)  # what the journal relay attaches (the counters read it)
+            assert header is not None
+            await producer.send(topic, encode(env), key=key, headers=[(COUNT_HEADER, header)])
         await producer.flush()
     finally:
         await producer.stop()
