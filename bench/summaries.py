@@ -5,7 +5,9 @@ latency with the offline summarizer.
 Runs on embedded servers (Kafka via the suite's choice: Apache Kafka or Tansu, Valkey, a
 SlateDB journal and an obstore folder in a temp dir). Prints figures and ratios; asserts
 nothing. Usage: ``python bench/summaries.py [--threads 1000] [--rounds 3] [--before REF]
-[--interleave] [--latency-threads 20]``.
+[--interleave] [--sealed] [--latency-threads 20]``. ``--sealed``: the records are sealed with
+their threads' data keys (an embedded Postgres holds them), as ``memstream up`` publishes
+them, and the processors get the keyring.
 
 Throughput is measured for threads new to Redis (each costs a watermark load) and threads
 Redis already knows, each on a fresh topic whose raw consume (aiokafka ``getmany``) is timed
@@ -44,12 +46,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.consumer import fetcher as aiokafka_fetcher
 from obstore.store import LocalStore
 
+from memstream.infra.data_keys import Keyring, thread_scope
 from memstream.infra.embedded.kafka import ApacheKafkaServer, TansuServer, choose_broker
+from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.journal import Journal, local_store
 from memstream.infra.kafka.admin import ensure_topics
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.infra.metrics import make_metrics
+from memstream.infra.postgres import create_pool, migrate
 from memstream.infra.settings import Settings
 from memstream.infra.summary_store import SummaryStore
 from memstream.infra.thread_state import ThreadState
@@ -96,16 +101,30 @@ def load_before(ref: str) -> tuple[ModuleType, ModuleType, ModuleType]:
     return mods[0], mods[1], mods[2]
 
 
-async def publish(bootstrap: str, topic: str, msgs: list[Message]) -> None:
+async def publish(
+    bootstrap: str, topic: str, msgs: list[Message], keyring: Keyring | None = None
+) -> None:
+    """``msgs`` as the journal relay publishes them: keyed by thread, with the count header,
+    sealed with their threads' data keys when ``keyring`` is given (``memstream up``'s way)."""
+    envs = [message_appended(m, 1) for m in msgs]
+    values = [encode(env) for env in envs]
+    if keyring is not None:
+        sealed = await keyring.seal_many(
+            [
+                (thread_scope(m.account_id, m.agent_id, m.thread_id), v)
+                for m, v in zip(msgs, values, strict=True)
+            ]
+        )
+        values = [v for v in sealed if v is not None]
+        assert len(values) == len(msgs)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
     try:
-        for m in msgs:
+        for m, env, value in zip(msgs, envs, values, strict=True):
             key = ThreadRef(m.account_id, m.agent_id, m.thread_id).key.encode()
-            env = message_appended(m, 1)
             header = count_header(env)  # what the journal relay attaches (the counters read it)
             assert header is not None
-            await producer.send(topic, encode(env), key=key, headers=[(COUNT_HEADER, header)])
+            await producer.send(topic, value, key=key, headers=[(COUNT_HEADER, header)])
         await producer.flush()
     finally:
         await producer.stop()
@@ -150,7 +169,12 @@ def load() -> str:
 
 
 async def main(
-    threads: int, latency_threads: int, rounds: int, before_ref: str, interleave: bool
+    threads: int,
+    latency_threads: int,
+    rounds: int,
+    before_ref: str,
+    interleave: bool,
+    sealed: bool = False,
 ) -> None:
     before_state_mod, before_counters_mod, before_consumer_mod = load_before(before_ref)
     # the runtime's consumer changed too: each variant runs with its own ProcessorConsumer
@@ -169,6 +193,14 @@ async def main(
         await kafka.start()
         await redis_server.start()
         redis = aioredis.from_url(redis_server.url)
+        postgres = EmbeddedPostgres(root / "postgres") if sealed else None
+        keyring: Keyring | None = None
+        pool = None
+        if postgres is not None:
+            await postgres.start()
+            pool = await create_pool(postgres.dsn)
+            await migrate(pool)
+            keyring = Keyring(pool, cache_s=3600)
         journal = await Journal.open(local_store(root / "journal"), "journal")
         try:
             store = SummaryStore(LocalStore(prefix=root / "objects", mkdir=True), redis)
@@ -237,14 +269,18 @@ async def main(
                     for i, ref in order
                 ]
                 n = len(msgs)
-                await publish(kafka.address, topics.journal, msgs)
+                await publish(kafka.address, topics.journal, msgs, keyring)
                 raw, raw_cpu = await raw_consume_rate(kafka.address, topics.journal, n)
                 metrics = make_metrics()
                 runner_mod.ProcessorConsumer = consumer_of[variant]  # type: ignore[misc]
                 if variant == "before":
                     aiokafka_as_shipped()  # (this tree's consumer installs its own hook)
                 runner = Runner(
-                    settings, {"counters": variants[variant]}, metrics, lag_interval_s=None
+                    settings,
+                    {"counters": variants[variant]},
+                    metrics,
+                    lag_interval_s=None,
+                    keyring=keyring,
                 )
                 await runner.start()
                 await runner.wait_ready(60)
@@ -307,8 +343,8 @@ async def main(
 
             shape = "interleaved" if interleave else "each thread's in a row"
             print(
-                f"broker: {kind}; {threads} threads x 49 messages ({shape}); "
-                f"before = {before_ref}; load {load()}"
+                f"broker: {kind}; {threads} threads x 49 messages ({shape}"
+                f"{', sealed' if sealed else ''}); before = {before_ref}; load {load()}"
             )
             # warm-up (the first topic's first read is slow: connections, page cache)
             await throughput("after", True, record=False)
@@ -384,6 +420,10 @@ async def main(
             await redis.aclose()
             await redis_server.stop()
             await kafka.stop()
+            if pool is not None:
+                await pool.close()
+            if postgres is not None:
+                await postgres.stop()
 
 
 if __name__ == "__main__":
@@ -393,5 +433,10 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before", default="faff411", help="git commit of the 'before' code")
     ap.add_argument("--interleave", action="store_true", help="threads' messages in turn")
+    ap.add_argument(
+        "--sealed",
+        action="store_true",
+        help="seal the records with their threads' data keys (an embedded Postgres holds them)",
+    )
     a = ap.parse_args()
-    asyncio.run(main(a.threads, a.latency_threads, a.rounds, a.before, a.interleave))
+    asyncio.run(main(a.threads, a.latency_threads, a.rounds, a.before, a.interleave, a.sealed))

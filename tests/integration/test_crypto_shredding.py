@@ -29,6 +29,7 @@ from memstream.schemas.count_header import COUNT_HEADER, read_count_header
 from memstream.schemas.events import Envelope, decode, summary_requested
 from memstream.schemas.records import Caller, ThreadRef
 from memstream.schemas.topics import Topics
+from memstream.streams.counters import CountersProcessor, record_step
 from memstream.streams.journal_relay import JournalRelay
 from memstream.streams.outbox_relay import OutboxRelay
 from memstream.streams.processor import (
@@ -99,6 +100,22 @@ class Collect(Processor):
         self.seen.append(envelope)
 
 
+class HeaderReader(Processor):
+    """A raw processor that, like the counters, reads a message from its count header."""
+
+    name = "count-reader"
+    topic = "journal"
+    raw = True
+    batch_max = 500
+    needs_plaintext = CountersProcessor.needs_plaintext
+
+    def __init__(self) -> None:
+        self.seen: list[RawRecord] = []
+
+    async def handle_raw(self, records: Sequence[RawRecord]) -> None:
+        self.seen.extend(records)
+
+
 async def publish_pipeline(s: ApiStack, bus: Bus, topics: Topics, relay: JournalRelay) -> None:
     assert await relay.wait_caught_up(60)
     assert s.services.keyring is not None
@@ -167,6 +184,23 @@ async def test_erasure_shreds_every_topic_copy(
             await ctx.publish(topics.summaries, env, ref.key)
         # a handler failing on alice's records dead-letters them: the letters keep them sealed
         journal_records = raw_records(await read_topic(kafka_bootstrap, topics.journal), topics)
+        with_headers = [
+            r
+            for rs in (await read_topic_records(kafka_bootstrap, topics.journal)).values()
+            for r in rs
+        ]
+        reading = HeaderReader()
+        await Dispatcher(
+            reading,
+            dlq_topic=topics.dlq,
+            publish=bus_publish(bus),
+            metrics=make_metrics(),
+            keyring=Keyring(s.pool),
+        ).dispatch(with_headers)
+        assert len(reading.seen) == 12  # nothing shredded yet
+        assert sum(is_sealed(r.value) for r in reading.seen) == 9  # the messages: not opened
+        steps = [record_step(r) for r in reading.seen if r.headers]
+        assert sorted(step[1] for step in steps if step is not None) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
         metrics = make_metrics()
         await Dispatcher(
             Collect(),
@@ -229,6 +263,23 @@ async def test_erasure_shreds_every_topic_copy(
         assert letters_sent == []
         assert {e.thread_id for e in collect.seen} == {"bo-1"}
         assert fresh.shredded_records.labels("collect")._value.get() == 8  # 2 x (created + 3)
+        # a processor counting from the count header gets its messages still sealed, and the
+        # shredded ones are skipped all the same
+        counting, counted_metrics = HeaderReader(), make_metrics()
+        await Dispatcher(
+            counting,
+            dlq_topic=topics.dlq,
+            publish=record_dlq,
+            metrics=counted_metrics,
+            keyring=Keyring(s.pool),
+        ).dispatch(with_headers)
+        assert letters_sent == []
+        assert counted_metrics.shredded_records.labels("count-reader")._value.get() == 8
+        got_messages = [r for r in counting.seen if r.headers]
+        assert len(got_messages) == 3 and all(is_sealed(r.value) for r in got_messages)
+        assert {step[0][2] for step in map(record_step, got_messages) if step} == {"bo-1"}
+        (created,) = [r for r in counting.seen if not r.headers]  # no header: opened
+        assert decode(created.value).thread_id == "bo-1"
         # replays: from the topic (a fresh process) and from the journal
         for source in (
             TopicSource(kafka_bootstrap, topics.journal, keyring=Keyring(s.pool)),

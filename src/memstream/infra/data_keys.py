@@ -225,11 +225,15 @@ class Keyring:
         return out
 
     # --- opening ------------------------------------------------------------------------
-    async def open_many(self, values: Sequence[bytes]) -> list[bytes | None]:
+    async def open_many(
+        self, values: Sequence[bytes], keep_sealed: Sequence[bool] | None = None
+    ) -> list[bytes | None]:
         """Each value opened (unsealed values as they are); None for a shredded one (its
         key was destroyed). A record that does not authenticate under its existing key is
         returned as it is (it then fails to decode: a dead letter, like any corrupt
-        record). Raises RetryableInfraError when Postgres is away."""
+        record). ``keep_sealed[i]``: value ``i`` is only checked, not opened (returned as it
+        is if its key exists, None if shredded). Raises RetryableInfraError when Postgres is
+        away."""
         now = time.monotonic()
         wanted: set[bytes] = set()
         for v in values:
@@ -254,7 +258,7 @@ class Keyring:
             for kid in wanted - found.keys():
                 self._by_kid.pop(kid, None)
         out: list[bytes | None] = []
-        for v in values:
+        for i, v in enumerate(values):
             if not is_sealed(v):
                 out.append(v)
                 continue
@@ -263,6 +267,8 @@ class Keyring:
             if aead is None:
                 self.shredded += 1
                 out.append(None)
+            elif keep_sealed is not None and keep_sealed[i]:
+                out.append(v)
             else:
                 try:
                     out.append(open_sealed(aead, v))

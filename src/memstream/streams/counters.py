@@ -226,6 +226,11 @@ class CountersProcessor(Processor):
     async def handle(self, envelope: Envelope, meta: EventMeta) -> None:
         await self.handle_batch([Received(envelope, meta)])
 
+    def needs_plaintext(self, record: RawRecord) -> bool:
+        # a message with its count header is counted from it: a sealed one is not opened
+        # (the dispatcher still skips it if its thread's key was destroyed)
+        return not any(name == COUNT_HEADER for name, _ in record.headers)
+
     async def handle_raw(self, records: Sequence[RawRecord]) -> None:
         groups: dict[ThreadKey, list[tuple[int, int]]] = {}
         reach: dict[tuple[str, int], int] = {}

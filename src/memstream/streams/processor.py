@@ -15,7 +15,9 @@ error.
 - sealed records (crypto-shredding, :mod:`memstream.infra.data_keys`) are opened first; a
   record whose key an erasure destroyed is *shredded*: counted
   (``memstream_shredded_records_total``) and skipped, never dead-lettered; dead letters
-  carry the sealed bytes;
+  carry the sealed bytes. A raw processor that reads what it needs from a record's headers
+  says so per record (:meth:`Processor.needs_plaintext`): such a record is only checked for
+  its key (shredded ones skipped all the same) and handed over still sealed;
 - raw bytes are decoded with :func:`memstream.schemas.events.decode`; a ``DecodeError``
   sends the record to the dead-letter topic at once (retrying cannot fix bad bytes);
 - a **dependency outage** is not a poison record. An error that says a store is away
@@ -283,6 +285,12 @@ class Processor(abc.ABC):
         """Apply several undecoded records in order (only with ``raw = True``). Idempotent."""
         raise NotImplementedError(f"{type(self).__name__} sets raw = True without handle_raw")
 
+    def needs_plaintext(self, record: RawRecord) -> bool:
+        """False when :meth:`handle_raw` reads all it needs of ``record`` from its headers:
+        a sealed record is then not opened (only checked for a destroyed key, so a shredded
+        one is still skipped) and reaches the handler sealed. Only with ``raw = True``."""
+        return True
+
     async def assigned(self, committed: Mapping[tuple[str, int], int | None]) -> None:  # noqa: B027
         """Called when the group hands this member partitions, with each ``(topic,
         partition)``'s committed offset (None: never committed). A processor whose store
@@ -381,11 +389,17 @@ class Dispatcher:
         Postgres away: retried like a handler's transient error, then
         :class:`DependencyDown` (the consumer pauses and re-reads the batch)."""
         self._sealed.clear()
+        processor = self.processor
+        keep_sealed = (
+            [not processor.needs_plaintext(r) for r in records]
+            if processor.raw and type(processor).needs_plaintext is not Processor.needs_plaintext
+            else None
+        )
         attempt = 0
         while True:
             attempt += 1
             try:
-                values = await keyring.open_many([r.value for r in records])
+                values = await keyring.open_many([r.value for r in records], keep_sealed)
                 break
             except RetryableInfraError as e:
                 self._errors_retry.inc()
