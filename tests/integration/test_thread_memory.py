@@ -31,6 +31,7 @@ from memstream.infra.thread_state import ThreadState
 from memstream.schemas.records import Message, NewMessage, Summary, ThreadRef
 from memstream.streams.counters import CountersProcessor
 from memstream.streams.summarizer import SummarizerProcessor
+from memstream.streams.summary_catchup import catch_up
 
 
 def new_ref(account: str = "acc") -> ThreadRef:
@@ -182,6 +183,54 @@ async def test_summary_progressive_chaining_and_counter_reset(
     assert any(f"b{i}" in v2.content for i in range(100, 150))
     got = await store.get(ref)
     assert got == v2
+
+
+async def lose_last_summary(
+    redis: aioredis.Redis, ref: ThreadRef, msgs: Sequence[Message], watermark: int
+) -> None:
+    """What Valkey holds after losing the writes of the summary after ``watermark`` (a kill
+    under ``appendfsync everysec``): the watermark back there, and every message after it
+    counted again (the rewind re-reads them)."""
+    kept = [m for m in msgs if m.offset > watermark]
+    await redis.set(redis_keys.watermark(ref), watermark)
+    await redis.hset(
+        redis_keys.counters(ref),
+        mapping={"tokens": sum(m.token_count for m in kept), "messages": len(kept)},
+    )
+
+
+@pytest.mark.parametrize("first_comes", ["the next summary", "the catch-up"])
+async def test_a_summary_valkey_lost_is_subtracted_once_whoever_comes_first(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    redis_client: aioredis.Redis,
+    first_comes: str,
+) -> None:
+    """Valkey lost the summary of 10..39 (the store has it, Valkey's watermark is back at 9);
+    the next summary (40..49) and the counters' catch-up of the lost one then race. Either
+    order leaves the counters with 50..59 only. Before, a next summary applied first
+    subtracted only 40..49 and the catch-up then saw nothing to do: 40 messages counted, 30
+    of them summarized already (an early request)."""
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(60))
+    await count_all(counters, msgs)
+    s = summarizer(journal, state, store)
+    assert await s.summarize(ref, 9) is not None and await s.summarize(ref, 39) is not None
+    await lose_last_summary(redis_client, ref, msgs, 9)
+    assert await state.counters(ref) == (sum(m.token_count for m in msgs[10:]), 50)
+    if first_comes == "the next summary":
+        assert await s.summarize(ref, 49) is not None
+        assert await catch_up(state, store, journal, [ref]) == []  # nothing left to do
+    else:
+        assert await catch_up(state, store, journal, [ref]) == [ref]
+        assert await s.summarize(ref, 49) is not None
+    assert await state.counters(ref) == (sum(m.token_count for m in msgs[50:]), 10)
+    assert await state.watermark(ref) == 49
+    # and the thread goes on: 40 more messages cross at 50 since the summary, not before
+    more = await append(journal, ref, chatter(40, 60))
+    assert await count_all(counters, more) == [39]
 
 
 async def test_redelivered_request_is_a_noop(

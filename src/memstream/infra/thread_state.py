@@ -19,7 +19,9 @@ Guarantees:
 - :meth:`ThreadState.claim_guards` is :meth:`ThreadState.claim_guard` for many spans, in
   order, in one round trip: the results are those of the same calls made one by one.
 - :meth:`ThreadState.apply_summary` subtracts a summarized span from the counters, raises the
-  watermark and clears the guard in one step, at most once per summarized offset.
+  watermark and clears the guard in one step, at most once per summarized offset;
+  :meth:`ThreadState.apply_span` does it only where the span meets Valkey's own watermark
+  (the summarizer's and the catch-up's way: :func:`memstream.streams.summary_catchup.apply`).
 - The lock is released only by its holder (token compare) and expires on its own, so a
   crashed holder blocks a thread for at most the lock TTL.
 
@@ -250,6 +252,33 @@ redis.call('HSET', KEYS[1], 'tokens', t, 'messages', m)
 return 1
 """
 
+# A summarized span first..last (ARGV[1], ARGV[2]) applied only where it meets Valkey's own
+# watermark: {1, wm} applied; {0, wm} already (wm >= last: the guard is cleared); {2, wm}
+# Valkey is behind first - 1 (it lost an earlier summary: the caller adds wm+1..first-1);
+# {3, wm} Valkey is inside the span (the caller subtracts only wm+1..last). An unknown
+# watermark (no key) applies the span as given.
+_APPLY_SPAN: Final = """
+local first = tonumber(ARGV[1])
+local last = tonumber(ARGV[2])
+local cur = redis.call('GET', KEYS[2])
+local wm = tonumber(cur or '-1')
+if wm >= last then
+  local g = redis.call('GET', KEYS[3])
+  if g and tonumber(g) <= last then redis.call('DEL', KEYS[3]) end
+  return {0, wm}
+end
+if cur and wm < first - 1 then return {2, wm} end
+if cur and wm > first - 1 then return {3, wm} end
+local g = redis.call('GET', KEYS[3])
+if g and tonumber(g) <= last then redis.call('DEL', KEYS[3]) end
+redis.call('SET', KEYS[2], last, 'EX', ARGV[5])
+local c = redis.call('HMGET', KEYS[1], 'tokens', 'messages')
+local t = math.max(0, (tonumber(c[1]) or 0) - tonumber(ARGV[3]))
+local m = math.max(0, (tonumber(c[2]) or 0) - tonumber(ARGV[4]))
+redis.call('HSET', KEYS[1], 'tokens', t, 'messages', m)
+return {1, wm}
+"""
+
 _RELEASE: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -262,6 +291,27 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+
+@dataclass(frozen=True, slots=True)
+class SpanOutcome:
+    """What :meth:`ThreadState.apply_span` did. ``status``: ``applied``; ``already`` (Valkey's
+    watermark is at or past the span's end: nothing subtracted, the guard cleared);
+    ``behind`` (the watermark is before the span's start: Valkey lost an earlier summary,
+    whose messages ``watermark + 1 .. first - 1`` must be subtracted with it); ``inside``
+    (the watermark is within the span: only ``watermark + 1 .. last`` are to subtract).
+    ``watermark``: Valkey's watermark before the call (-1 if unknown)."""
+
+    status: Literal["applied", "already", "behind", "inside"]
+    watermark: int
+
+
+_SPAN_OUTCOMES: Final[dict[int, Literal["applied", "already", "behind", "inside"]]] = {
+    0: "already",
+    1: "applied",
+    2: "behind",
+    3: "inside",
+}
 
 #: How long the watermark is kept; on expiry it is reloaded from the summary store.
 WATERMARK_TTL_S: Final = 7 * 24 * 3600
@@ -383,6 +433,7 @@ class ThreadState:
         self._claim_guard = redis.register_script(_CLAIM_GUARD)
         self._claim_guards = redis.register_script(_CLAIM_GUARDS)
         self._apply = redis.register_script(_APPLY_SUMMARY)
+        self._apply_span = redis.register_script(_APPLY_SPAN)
         self._release = redis.register_script(_RELEASE)
         self._renew = redis.register_script(_RENEW)
 
@@ -552,6 +603,23 @@ class ThreadState:
             "resetting counters",
         )
         return int(cast(int, res)) == 1
+
+    async def apply_span(
+        self, ref: ThreadRef, first: int, last: int, tokens: int, messages: int
+    ) -> SpanOutcome:
+        """:meth:`apply_summary` for the span ``first..last``, applied only where it meets
+        Valkey's own watermark (see :class:`SpanOutcome`): a summary whose span starts after
+        a summary Valkey lost is not applied as if it followed the watermark. An unknown
+        watermark applies the span as given."""
+        res = await _call(
+            lambda: self._apply_span(
+                keys=[redis_keys.counters(ref), redis_keys.watermark(ref), redis_keys.guard(ref)],
+                args=[first, last, max(0, tokens), max(0, messages), WATERMARK_TTL_S],
+            ),
+            "resetting counters",
+        )
+        code, watermark = cast(list[int], res)
+        return SpanOutcome(_SPAN_OUTCOMES[int(code)], int(watermark))
 
     async def claim_flush(self, ref: ThreadRef, start: int, end: int, ttl_s: int) -> bool:
         """Claim the pre-compaction flush of the span ``start..end``: True once per span

@@ -49,6 +49,7 @@ from memstream.schemas.events import DecodeError, Envelope, summary_written
 from memstream.schemas.records import Caller, Message, Summary, ThreadRef
 from memstream.schemas.topics import SUMMARIES
 from memstream.streams.processor import EventMeta, Processor, ProcessorContext
+from memstream.streams.summary_catchup import apply as apply_span
 
 log = logging.getLogger(__name__)
 
@@ -271,8 +272,14 @@ class SummarizerProcessor(Processor):
                 ref.account_id, ref.agent_id, ref.thread_id, summary, epoch_ms(self._clock.now())
             )
             await self._ctx.publish(self._ctx.topics.summaries, env, ref.key)
-        await self._state.apply_summary(
-            ref, summary.last_message_offset, sum(m.token_count for m in span), len(span)
+        # from Valkey's own watermark: a summary it lost before this span is subtracted too
+        await apply_span(
+            self._state,
+            self._journal,
+            ref,
+            span[0].offset if span else summary.last_message_offset,
+            summary.last_message_offset,
+            [(m.offset, m.token_count) for m in span],
         )
 
     async def _repair(self, ref: ThreadRef, current: Summary) -> None:

@@ -9,9 +9,17 @@ request (docs/thread-memory.md).
 
 :func:`catch_up` raises such a thread's watermark to its stored summary and subtracts the
 messages between the two, read from the journal: what the summarizer's own reset would have
-done, in the same atomic step (:meth:`ThreadState.apply_summary`, at most once per offset).
-Without a journal it raises the watermark and clears the counters: a summary may come late
-(the messages counted between the summary and the re-read range are forgotten), never early.
+done, in the same atomic step, at most once per offset. Without a journal it raises the
+watermark and clears the counters: a summary may come late (the messages counted between
+the summary and the re-read range are forgotten), never early.
+
+Both the catch-up and the summarizer apply a span with :func:`apply`, which subtracts from
+*Valkey's* watermark, not from the span's start (:meth:`ThreadState.apply_span`): a new
+summary written while Valkey still misses the previous one (the summarizer's span starts
+after the stored summary, Valkey's watermark is before it) subtracts the lost summary's
+messages too, so whichever of the two comes first, each summarized message is subtracted
+once (before, a summary applied first left the lost one's messages counted: an early
+request).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import logging
 from collections.abc import Sequence
 from typing import Final, Protocol
 
+from memstream.errors import RetryableInfraError
 from memstream.infra.summary_store import SummaryStore
 from memstream.infra.thread_state import ThreadState
 from memstream.schemas.records import Message, ThreadRef
@@ -37,6 +46,55 @@ class SpanReader(Protocol):
     """A thread's messages from the journal (``Journal`` and ``JournalReader`` fit)."""
 
     async def read_range(self, ref: ThreadRef, start: int, end_inclusive: int) -> list[Message]: ...
+
+
+#: Rounds of :func:`apply` before giving up (each one follows a watermark that moved).
+APPLY_ROUNDS: Final = 8
+
+
+async def apply(
+    state: ThreadState,
+    journal: SpanReader | None,
+    ref: ThreadRef,
+    first: int,
+    last: int,
+    steps: Sequence[tuple[int, int]],
+) -> bool:
+    """Apply the summary of ``first..last`` (``steps``: its messages' ``(offset,
+    token_count)``) from Valkey's own watermark: the messages of a summary Valkey lost before
+    ``first`` are read from the journal and subtracted with it, and of a span Valkey already
+    holds in part only the rest. At most once per offset; True if this call applied it.
+    Without a journal, a lost summary's messages clear the counters (late, never early)."""
+    todo = [(o, t) for o, t in steps if first <= o <= last]
+    for _ in range(APPLY_ROUNDS):
+        tokens = sum(t for _, t in todo)
+        outcome = await state.apply_span(ref, first, last, tokens, len(todo))
+        if outcome.status == "applied":
+            return True
+        if outcome.status == "already":
+            return False
+        if outcome.status == "inside":
+            first = outcome.watermark + 1
+            todo = [(o, t) for o, t in todo if o >= first]
+            continue
+        # behind: Valkey lost the summaries of watermark+1 .. first-1
+        lost_from = outcome.watermark + 1
+        if journal is None:
+            lost = [(lost_from, _ALL)]
+        else:
+            lost = [
+                (m.offset, m.token_count)
+                for m in await journal.read_range(ref, lost_from, first - 1)
+            ]
+        log.warning(
+            "valkey lost the summary of %s up to offset %d (it held %d): subtracted with the "
+            "next one",
+            ref.key,
+            first - 1,
+            outcome.watermark,
+        )
+        first, todo = lost_from, lost + todo
+    raise RetryableInfraError(f"the summary watermark of {ref.key} kept moving")
 
 
 def lost_span(redis_watermark: int | None, stored: int | None) -> tuple[int, int] | None:
@@ -70,11 +128,12 @@ async def catch_up(
                 return False
             first, last = span
             if journal is None:
-                tokens = messages = _ALL
+                steps = [(first, _ALL)]
             else:
-                msgs = await journal.read_range(ref, first, last)
-                tokens, messages = sum(m.token_count for m in msgs), len(msgs)
-            applied = await state.apply_summary(ref, last, tokens, messages)
+                steps = [
+                    (m.offset, m.token_count) for m in await journal.read_range(ref, first, last)
+                ]
+            applied = await apply(state, journal, ref, first, last, steps)
         if applied:
             log.warning(
                 "valkey lost the summary of %s up to offset %d (it held %d): re-applied",
