@@ -26,6 +26,7 @@ from rich.console import Console
 
 from memstream.errors import MemstreamError
 from memstream.infra.cli.state import read_state
+from memstream.infra.log_queue import write_off_loop, writing_handlers
 from memstream.infra.logs import formatter
 from memstream.infra.settings import Settings
 
@@ -122,13 +123,17 @@ AccessLogOpt = Annotated[
 
 def setup_logging(verbose: bool, log_format: str = "text", access_log: bool = False) -> None:
     """Root logging: WARNING (INFO with ``-v``), ``text`` or ``json`` lines (``infra.logs``:
-    request ids, topic/partition/offset on event lines); the access log at INFO if asked."""
+    request ids, topic/partition/offset on event lines); the access log at INFO if asked.
+    Lines are formatted and written by a thread (``infra.log_queue``), flushed at exit."""
     if log_format not in ("text", "json"):
         raise typer.BadParameter("--log-format must be text or json")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
-    for handler in logging.getLogger().handlers:
+    root = logging.getLogger()
+    for handler in writing_handlers(root):
         handler.setFormatter(formatter("json" if log_format == "json" else "text"))
         handler.addFilter(_TransientKafkaNoise())
+    # formatting and writing on a thread of their own, not on the event loop
+    write_off_loop(root)
     if access_log:
         logging.getLogger("memstream.access").setLevel(logging.INFO)
 
