@@ -26,6 +26,8 @@ from memstream.infra.cli.main import setup_logging
 
 log_format, n, end = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 setup_logging(False, log_format, True)
+import logging.config, uvicorn.config  # as the HTTP server does when it starts
+logging.config.dictConfig(uvicorn.config.LOGGING_CONFIG)
 
 async def app(scope, receive, send):
     logging.getLogger("memstream.probe").warning("inside %s", "the request")
@@ -45,9 +47,11 @@ async def main():
 
 asyncio.run(main())
 print("served", flush=True)
-if end == "watchdog":  # as memstream up's exit watchdog ends a process
-    logging.shutdown()
-    os._exit(0)
+if end == "watchdog":  # memstream up's exit watchdog ends the process (os._exit)
+    import time
+    from memstream.infra.cli.main import _exit_if_stuck
+    _exit_if_stuck(0.0)
+    time.sleep(60)
 """.replace("PATH", PATH)
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
@@ -143,15 +147,24 @@ def test_a_line_shows_its_arguments_as_they_were_when_logged() -> None:
 
     from memstream.infra.log_queue import OffLoopHandler
 
+    opened = threading.Event()
+
+    class Gated(logging.StreamHandler):  # type: ignore[type-arg]
+        def emit(self, record: logging.LogRecord) -> None:
+            opened.wait(10)  # the thread writes only once the list below changed
+            super().emit(record)
+
     out = io.StringIO()
-    target = logging.StreamHandler(out)
-    handler = OffLoopHandler([target])
+    handler = OffLoopHandler([Gated(out)])
     logger = logging.Logger("memstream.probe")
     logger.addHandler(handler)
-    seen = [1]
-    logger.warning("seen %s, %d", seen, 7)  # queued: the thread starts after the change
-    seen.append(2)
     handler.start()
-    handler.close()
-    logger.warning("after close %s", "too")
-    assert out.getvalue() == "seen [1], 7\nafter close too\n"
+    seen = [1]
+    logger.warning("seen %s, %d", seen, 7)
+    seen.append(2)
+    opened.set()
+    handler.close()  # as dictConfig does: written, and the thread goes on
+    logger.warning("then %s", "more")
+    handler.stop()
+    logger.warning("after the stop %s", "too")
+    assert out.getvalue() == "seen [1], 7\nthen more\nafter the stop too\n"

@@ -14,17 +14,21 @@ Guarantees:
   message, when an argument is of a type that could change before the thread formats it (a
   list, an object): it is then formatted in the caller, as before. Strings, numbers, None
   (the access line's arguments) stay lazy.
-* **Lossless.** ``close()`` (``logging.shutdown`` calls it: at interpreter exit, and in
-  ``memstream up``'s exit watchdog before ``os._exit``) stops the listener after it wrote
-  every queued record; a record logged after that is written in the caller.
+* **Lossless.** ``flush()`` and ``close()`` return once every record queued before them is
+  written (``logging.shutdown`` calls both: in ``memstream up``'s exit watchdog before
+  ``os._exit``; ``logging.config.dictConfig``, which uvicorn runs at start, too, and the
+  thread goes on). At interpreter exit, :meth:`OffLoopHandler.stop` writes what is queued
+  and ends the thread; a record logged after that is written by its caller.
 * **A stalled writer never stalls the caller**: the queue is unbounded (a stuck stderr
   pipe grows memory, it does not stop the API).
 * ``handle`` takes no handler lock (the queue is thread-safe), so a record the listener
   thread logs itself, or one logged while ``close()`` waits for the thread, cannot deadlock.
+  A flush waits at most ``FLUSH_WAIT_S`` (a stalled stderr does not hang the exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import logging.handlers
 import queue
@@ -34,19 +38,40 @@ from memstream.infra.logs import request_id
 
 __all__ = ["OffLoopHandler", "write_off_loop", "writing_handlers"]
 
+#: the longest a flush waits for the thread to write what is queued
+FLUSH_WAIT_S = 10.0
 #: argument types a record may carry to another thread unformatted: they cannot change
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes})
+
+
+class _Flush:
+    """A marker put on the queue: set once the listener got to it (all before it written)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class _Listener(logging.handlers.QueueListener):
+    def handle(self, record: logging.LogRecord) -> None:
+        if isinstance(record, _Flush):
+            record.done.set()
+            return
+        super().handle(record)
+
+    def is_current(self) -> bool:
+        """True on the listener's own thread."""
+        return threading.current_thread() is self._thread
 
 
 class OffLoopHandler(logging.handlers.QueueHandler):
     """Enqueue records for :attr:`listener`, which writes them to the real handlers."""
 
     def __init__(self, targets: list[logging.Handler]) -> None:
-        # records, and None: the listener's stop sentinel
-        q: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
+        # records, flush markers, and None: the listener's stop sentinel
+        q: queue.SimpleQueue[logging.LogRecord | _Flush | None] = queue.SimpleQueue()
         super().__init__(q)
         self.records = q
-        self.listener = logging.handlers.QueueListener(q, *targets, respect_handler_level=True)
+        self.listener = _Listener(q, *targets, respect_handler_level=True)
         self._started = False
         self._stopped = threading.Event()
 
@@ -75,27 +100,39 @@ class OffLoopHandler(logging.handlers.QueueHandler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             record = self.prepare(record)
-            if self._stopped.is_set():
-                self.listener.handle(record)  # after close: write it here, lose nothing
+            if self._stopped.is_set() or not self._started:
+                self.listener.handle(record)  # no thread (yet, any more): write it here
             else:
                 self.enqueue(record)
         except Exception:
             self.handleError(record)
 
-    def close(self) -> None:
-        """Write every queued record, stop the thread (idempotent)."""
+    def flush(self) -> None:
+        """Return once every record queued so far is written (at most ``FLUSH_WAIT_S``: a
+        stalled stderr does not hold the caller forever)."""
         if not self._stopped.is_set():
-            self._stopped.set()
-            if self._started:
-                self.listener.stop()
-            while True:  # records queued after the stop sentinel, by a thread that raced it
-                try:
-                    record = self.records.get_nowait()
-                except queue.Empty:
-                    break
-                if record is not None:
-                    self.listener.handle(record)
+            self._wait_written()
+
+    def close(self) -> None:
+        """Flush, and keep the thread: ``logging.config.dictConfig`` (uvicorn calls it when
+        it starts) closes every handler of the process, and logging goes on after it. The
+        thread ends with :meth:`stop`."""
+        self.flush()
         super().close()
+
+    def stop(self) -> None:
+        """Write every queued record and end the thread; later records are written by their
+        caller (idempotent). :func:`write_off_loop` runs it at interpreter exit."""
+        if self._started and not self._stopped.is_set():
+            self._stopped.set()  # from now on, records are written by their caller
+            self._wait_written()
+            self.listener.enqueue_sentinel()
+
+    def _wait_written(self) -> None:
+        if self._started and not self.listener.is_current():
+            marker = _Flush()
+            self.records.put_nowait(marker)
+            marker.done.wait(FLUSH_WAIT_S)
 
 
 def writing_handlers(logger: logging.Logger) -> list[logging.Handler]:
@@ -118,3 +155,6 @@ def write_off_loop(logger: logging.Logger) -> None:
         logger.removeHandler(t)
     logger.addHandler(handler)
     handler.start()
+    # before logging's own exit hook (atexit runs the last registered first): the queue is
+    # written, then logging.shutdown flushes the real handlers
+    atexit.register(handler.stop)

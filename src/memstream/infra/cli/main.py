@@ -182,6 +182,10 @@ def _exit_if_stuck(grace_s: float) -> None:
         alive = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon]
         log.error("exiting %.0f s after stopping; threads still running: %s", grace_s, alive)
         faulthandler.dump_traceback(all_threads=True)
+        # the root's handlers first: the one in front of the log thread writes its queue
+        # (uvicorn's dictConfig took it off the list logging.shutdown flushes)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
         logging.shutdown()
         os._exit(0)
 
