@@ -55,7 +55,12 @@ def test_a_signalled_bench_leaves_no_server_behind(
     (fake / "__init__.py").write_text("")
     (fake / "__main__.py").write_text(FAKE_UP)
     pids_file = tmp_path / "pids"
-    env = {**os.environ, "FAKE_PIDS": str(pids_file), "FAKE_READY": "1" if ready else "0"}
+    env = {
+        **os.environ,
+        "FAKE_PIDS": str(pids_file),
+        "FAKE_READY": "1" if ready else "0",
+        "TMPDIR": str(tmp_path),  # the bench's work folder
+    }
     bench = subprocess.Popen(
         [sys.executable, str(BENCH), "--server", f"fake={fake.parent}", "--clients", "2"]
         + ["--per-client", "1", "--rounds", "1"],
