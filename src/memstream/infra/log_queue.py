@@ -15,10 +15,11 @@ Guarantees:
   list, an object): it is then formatted in the caller, as before. Strings, numbers, None
   (the access line's arguments) stay lazy.
 * **Lossless.** ``flush()`` and ``close()`` return once every record queued before them is
-  written (``logging.shutdown`` calls both: in ``memstream up``'s exit watchdog before
-  ``os._exit``; ``logging.config.dictConfig``, which uvicorn runs at start, too, and the
-  thread goes on). At interpreter exit, :meth:`OffLoopHandler.stop` writes what is queued
-  and ends the thread; a record logged after that is written by its caller.
+  written, and the thread goes on (``logging.config.dictConfig``, which uvicorn runs at
+  start, closes every handler of the process; ``memstream up``'s exit watchdog flushes the
+  root's handlers before ``os._exit``). At interpreter exit, :meth:`OffLoopHandler.stop`
+  writes what is queued and ends the thread; a record logged after that is written by its
+  caller.
 * **A stalled writer never stalls the caller**: the queue is unbounded (a stuck stderr
   pipe grows memory, it does not stop the API).
 * ``handle`` takes no handler lock (the queue is thread-safe), so a record the listener
