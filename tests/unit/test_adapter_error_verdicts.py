@@ -37,3 +37,15 @@ def test_data_keys_postgres_errors() -> None:
     assert isinstance(away, RetryableInfraError) and dependency_of(away) is not None
     refused = _keys_error(asyncpg.exceptions.UndefinedTableError('relation "data_keys"'))
     assert isinstance(refused, PermanentInfraError) and dependency_of(refused) is None
+
+
+def test_a_connection_left_mid_operation_by_a_dead_postgres_is_an_outage() -> None:
+    """What asyncpg raised on a route when Postgres was killed under it (seen in the outage
+    chaos test): an outage (503 with Retry-After, a processor pauses), not a bad request."""
+    from memstream.infra.outage import OUTAGE_ERRORS
+
+    exc = asyncpg.InternalClientError(
+        "cannot switch to state 11; another operation (2) is in progress"
+    )
+    assert dependency_of(exc) == "postgres"
+    assert isinstance(exc, OUTAGE_ERRORS)

@@ -33,6 +33,9 @@ OUTAGE_ERRORS: tuple[type[Exception], ...] = (
     OSError,
     asyncpg.PostgresConnectionError,  # includes ConnectionDoesNotExistError
     asyncpg.CannotConnectNowError,  # starting up or shutting down
+    # a connection whose server died mid-operation ("cannot switch to state 11; another
+    # operation (2) is in progress", seen when Postgres is killed under a request)
+    asyncpg.InternalClientError,
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     KafkaConnectionError,
@@ -55,6 +58,7 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     KafkaTimeoutError,
     RetryableInfraError,  # an adapter's own verdict: "retry may succeed"
     asyncpg.InterfaceError,  # "pool is closing", "connection is closed"
+    asyncpg.InternalClientError,  # a connection left mid-operation by a server that died
     asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cannot connect now
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
     redis.exceptions.BusyLoadingError,
