@@ -20,8 +20,9 @@ Guarantees:
   root's handlers before ``os._exit``). At interpreter exit, :meth:`OffLoopHandler.stop`
   writes what is queued and ends the thread; a record logged after that is written by its
   caller.
-* **A stalled writer never stalls the caller**: the queue is unbounded (a stuck stderr
-  pipe grows memory, it does not stop the API).
+* **A stalled writer never stalls the caller, nor grows without bound**: past
+  :data:`MAX_QUEUED` records waiting (a stuck stderr pipe), new records are dropped and
+  counted, and the thread writes one warning saying how many before its next line.
 * ``handle`` takes no handler lock (the queue is thread-safe), so a record the listener
   thread logs itself, or one logged while ``close()`` waits for the thread, cannot deadlock.
   A flush waits at most ``FLUSH_WAIT_S`` (a stalled stderr does not hang the exit).
@@ -34,6 +35,7 @@ import logging
 import logging.handlers
 import queue
 import threading
+from collections.abc import Callable
 
 from memstream.infra.logs import request_id
 
@@ -41,6 +43,8 @@ __all__ = ["OffLoopHandler", "write_off_loop", "writing_handlers"]
 
 #: the longest a flush waits for the thread to write what is queued
 FLUSH_WAIT_S = 10.0
+#: records waiting for the thread beyond which new ones are dropped (and counted)
+MAX_QUEUED = 100_000
 #: argument types a record may carry to another thread unformatted: they cannot change
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes})
 
@@ -53,7 +57,23 @@ class _Flush:
 
 
 class _Listener(logging.handlers.QueueListener):
+    #: set by the handler: how many records it dropped since the last call (and reset)
+    take_dropped: Callable[[], int] = staticmethod(lambda: 0)
+
     def handle(self, record: logging.LogRecord) -> None:
+        dropped = self.take_dropped()
+        if dropped:
+            super().handle(
+                logging.makeLogRecord(
+                    {
+                        "name": __name__,
+                        "levelno": logging.WARNING,
+                        "levelname": "WARNING",
+                        "msg": "%d log lines dropped: the log writer was stalled",
+                        "args": (dropped,),
+                    }
+                )
+            )
         if isinstance(record, _Flush):
             record.done.set()
             return
@@ -73,6 +93,9 @@ class OffLoopHandler(logging.handlers.QueueHandler):
         super().__init__(q)
         self.records = q
         self.listener = _Listener(q, *targets, respect_handler_level=True)
+        self.listener.take_dropped = self._take_dropped
+        self.dropped = 0  # records dropped since the listener last reported them
+        self._drops = threading.Lock()
         self._started = False
         self._stopped = threading.Event()
 
@@ -103,10 +126,18 @@ class OffLoopHandler(logging.handlers.QueueHandler):
             record = self.prepare(record)
             if self._stopped.is_set() or not self._started:
                 self.listener.handle(record)  # no thread (yet, any more): write it here
+            elif self.records.qsize() >= MAX_QUEUED:
+                with self._drops:
+                    self.dropped += 1
             else:
                 self.enqueue(record)
         except Exception:
             self.handleError(record)
+
+    def _take_dropped(self) -> int:
+        with self._drops:
+            n, self.dropped = self.dropped, 0
+        return n
 
     def flush(self) -> None:
         """Return once every record queued so far is written (at most ``FLUSH_WAIT_S``: a
