@@ -18,6 +18,7 @@ from memstream.projections.messages.postings import (
     POSTINGS_VIEW,
     POSTINGS_VIEW_VERSION,
     grouped_postings_select,
+    one_term_sql,
     postings_table_ddl,
     score_sql,
     term_stats_sql,
@@ -128,6 +129,50 @@ async def test_two_word_searches_read_no_term_statistics(message_store: MessageS
         assert [(h.thread_id, h.offset) for h in by_bm25] == [(t, o) for t, o, _ in reference]
         if caller_user is None:
             assert all(h.thread_id not in {"t3", "t7", "t11"} for h in hits)
+
+
+async def test_one_word_scores_like_the_general_statement_with_unmerged_copies(
+    message_store: MessageStore,
+) -> None:
+    """A one-word search's statement (``one_term_sql``: no per-message arrays, tf from the
+    posting's array size) gives the rows of the general scoring statement exactly: same
+    messages, order, BM25, tf, length and df, for a caller with and without private threads,
+    over all threads and in one thread, while a redelivered copy of the corpus is not merged
+    yet (each message still counted and scored once)."""
+    rng = random.Random(5)
+    corpus = _corpus(rng)
+    await project(message_store, corpus)
+    await project(message_store, corpus[::3])  # redelivered: copies until a merge
+    n_docs, avg = await message_store.collection_stats("acc", "ag")
+    copies = await message_store.engine.rows(
+        f"SELECT count() - uniqExact(term, thread_id, `offset`) FROM {message_store.database}"
+        ".message_terms WHERE account_id = 'acc'",
+        {},
+    )
+    assert int(str(copies[0][0])) > 0  # the copies are there, unmerged
+    compared = 0
+    sample = WORDS[:6] + WORDS[20:24] + WORDS[-6:]  # common, middling and rare words
+    for word in sample:
+        for caller_user in (None, "u3"):
+            for thread in (None, "t3", "t4"):
+                spec = SearchSpec("acc", "ag", caller_user, (word,), 10, thread_id=thread)
+                sql, params = score_sql(
+                    message_store.database, spec, None, (n_docs, avg), (word,), 100
+                )
+                general = await message_store.engine.rows(sql, params)
+                sql, params = one_term_sql(message_store.database, spec, (n_docs, avg), 100)
+                one = await message_store.engine.rows(sql, params)
+
+                def key(rows: list) -> list:  # type: ignore[type-arg]
+                    return [
+                        (str(r[0]), int(str(r[1])), int(str(r[2])), round(float(str(r[3])), 9))
+                        + (str(r[4]), int(str(r[5])), str(r[7]))
+                        for r in rows
+                    ]
+
+                assert key(one) == key(general), (word, caller_user, thread)
+                compared += bool(general)
+    assert compared >= 3 * len(sample)
 
 
 async def test_term_statistics_give_each_term_s_highest_single_term_score(

@@ -177,6 +177,47 @@ SETTINGS {SEARCH_SETTINGS}"""
     return sql, params
 
 
+def one_term_sql(
+    database: str, spec: SearchSpec, stats: tuple[float, float], k: int
+) -> tuple[str, dict[str, SqlParam]]:
+    """:func:`score_sql` for a one-word query (``dfs=None``, every candidate), the same rows
+    and order, without its per-message grouping of arrays: a message holds one posting of
+    the term (copies before a merge are collapsed by ``any``), so its tf is the posting's
+    position count (``positions.size0``: the array sizes only) and df the number of visible
+    messages holding it. The positions are returned empty: one word has no pair for the
+    proximity bonus (:func:`~.ranking.proximity`)."""
+    db = check_database(database)
+    sql = f"""WITH {{n_docs:Float64}} AS n_docs, greatest({{avg_len:Float64}}, 1.0) AS avg_len
+SELECT thread_id, `offset`, created_ms, bm25, [tf1] AS tf, doc_len, [[]]::Array(Array(UInt32)) AS positions, [df1] AS df
+FROM (
+    SELECT *,
+        log(1 + (n_docs - df1 + 0.5) / (df1 + 0.5)) * tf1 * ({BM25_K1} + 1)
+            / (tf1 + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * doc_len / avg_len)) AS bm25
+    FROM (
+        SELECT *, count() OVER () AS df1
+        FROM (
+            SELECT thread_id, `offset`,
+                   toUnixTimestamp64Milli(any(created_at)) AS created_ms,
+                   any(doc_len) AS doc_len,
+                   toUInt64(any(positions.size0)) AS tf1
+            FROM {db}.{POSTINGS_TABLE}
+            WHERE {_scope(spec)}
+              AND term = {{term:String}}
+              AND {visible_threads_filter(db, spec.thread_id is not None)}
+            GROUP BY thread_id, `offset`
+        )
+    )
+)
+ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
+LIMIT {{k:UInt32}}
+SETTINGS {SEARCH_SETTINGS}"""
+    params = _params(spec)
+    params.update(
+        {"n_docs": str(stats[0]), "avg_len": str(stats[1]), "k": k, "term": spec.words[0]}
+    )
+    return sql, params
+
+
 def score_sql(
     database: str,
     spec: SearchSpec,

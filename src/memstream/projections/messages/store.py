@@ -47,6 +47,7 @@ from memstream.projections.messages.postings import (
     POSTINGS_VIEW,
     POSTINGS_VIEW_VERSION,
     backfill_sql,
+    one_term_sql,
     postings_table_ddl,
     postings_view_ddl,
     postings_view_upgrade,
@@ -526,7 +527,11 @@ class MessageStore:
             # the statistics cost, and the hints may say the plan would take every term:
             # score every candidate, counting df in the same query (no statistics
             # statement), exact either way
-            sql, params = score_sql(self.database, spec, None, (n_docs, avg_len), spec.words, k)
+            sql, params = (
+                one_term_sql(self.database, spec, (n_docs, avg_len), k)
+                if len(spec.words) == 1
+                else score_sql(self.database, spec, None, (n_docs, avg_len), spec.words, k)
+            )
             best = await self.engine.rows(sql, params)
             dfs = _ints(best[0][7]) if best else []
             if spec.thread_id is None and len(spec.words) == 1:
