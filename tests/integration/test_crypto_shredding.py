@@ -22,7 +22,7 @@ from memstream.agents_ctx.memory.store import MemoryService
 from memstream.infra.data_keys import Keyring, is_sealed, thread_scope, user_scope
 from memstream.infra.kafka.admin import ensure_topics
 from memstream.infra.kafka.bus import Bus
-from memstream.infra.metrics import make_metrics
+from memstream.infra.metrics import Metrics, make_metrics
 from memstream.infra.settings import Settings
 from memstream.projections.replay_sources import JournalSource, TopicSource
 from memstream.schemas.count_header import COUNT_HEADER, read_count_header
@@ -252,27 +252,26 @@ async def test_erasure_shreds_every_topic_copy(
         async def record_dlq(topic: str, key: bytes | None, value: bytes) -> None:
             letters_sent.append(value)
 
-        fresh = make_metrics()
-        await Dispatcher(
-            collect,
-            dlq_topic=topics.dlq,
-            publish=record_dlq,
-            metrics=fresh,
-            keyring=Keyring(s.pool),
-        ).dispatch(journal_records)
+        async def dispatch_fresh(processor: Processor, records: list[RawRecord]) -> Metrics:
+            """``records`` through a dispatcher with a fresh key cache; its metrics."""
+            metrics = make_metrics()
+            await Dispatcher(
+                processor,
+                dlq_topic=topics.dlq,
+                publish=record_dlq,
+                metrics=metrics,
+                keyring=Keyring(s.pool),
+            ).dispatch(records)
+            return metrics
+
+        fresh = await dispatch_fresh(collect, journal_records)
         assert letters_sent == []
         assert {e.thread_id for e in collect.seen} == {"bo-1"}
         assert fresh.shredded_records.labels("collect")._value.get() == 8  # 2 x (created + 3)
         # a processor counting from the count header gets its messages still sealed, and the
         # shredded ones are skipped all the same
-        counting, counted_metrics = HeaderReader(), make_metrics()
-        await Dispatcher(
-            counting,
-            dlq_topic=topics.dlq,
-            publish=record_dlq,
-            metrics=counted_metrics,
-            keyring=Keyring(s.pool),
-        ).dispatch(with_headers)
+        counting = HeaderReader()
+        counted_metrics = await dispatch_fresh(counting, with_headers)
         assert letters_sent == []
         assert counted_metrics.shredded_records.labels("count-reader")._value.get() == 8
         got_messages = [r for r in counting.seen if r.headers]

@@ -132,6 +132,12 @@ below the ``k``-th best or the check of :func:`~.ranking.exact_with` fails and t
 runs again with more essential terms: never a wrong result."""
 
 
+_BEST_K: Final = f"""ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
+LIMIT {{k:UInt32}}
+SETTINGS {SEARCH_SETTINGS}"""
+"""How a scoring statement ends: its best ``k`` by BM25, then newest (the result's order)."""
+
+
 def _scope(spec: SearchSpec) -> str:
     tenant = "account_id = {account_id:String} AND agent_id = {agent_id:String}"
     if spec.thread_id is not None:
@@ -208,9 +214,7 @@ FROM (
         )
     )
 )
-ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
-LIMIT {{k:UInt32}}
-SETTINGS {SEARCH_SETTINGS}"""
+{_BEST_K}"""
     params = _params(spec)
     params.update(
         {"n_docs": str(stats[0]), "avg_len": str(stats[1]), "k": k, "term": spec.words[0]}
@@ -290,9 +294,7 @@ FROM (
         )
     )
 )
-ORDER BY bm25 DESC, created_ms DESC, `offset` DESC, thread_id
-LIMIT {{k:UInt32}}
-SETTINGS {SEARCH_SETTINGS}"""
+{_BEST_K}"""
     params = _params(spec)
     params.update({"n_docs": str(stats[0]), "avg_len": str(stats[1]), "k": k})
     if dfs is not None:
