@@ -233,6 +233,26 @@ async def test_a_summary_valkey_lost_is_subtracted_once_whoever_comes_first(
     assert await count_all(counters, more) == [39]
 
 
+async def test_without_a_journal_the_catch_up_clears_the_counters(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    redis_client: aioredis.Redis,
+) -> None:
+    """A catch-up with no journal to say what the lost summary covered raises the
+    watermark and clears both counters: the next summary may come late, never early."""
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(60))
+    await count_all(counters, msgs)
+    s = summarizer(journal, state, store)
+    assert await s.summarize(ref, 9) is not None and await s.summarize(ref, 39) is not None
+    await lose_last_summary(redis_client, ref, msgs, 9)
+    assert await catch_up(state, store, None, [ref]) == [ref]
+    assert await state.counters(ref) == (0, 0)
+    assert await state.watermark(ref) == 39
+
+
 async def test_redelivered_request_is_a_noop(
     journal: Journal, counters: CountersProcessor, state: ThreadState, store: SummaryStore
 ) -> None:

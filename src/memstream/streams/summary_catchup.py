@@ -67,8 +67,11 @@ async def apply(
     Without a journal, a lost summary's messages clear the counters (late, never early)."""
     todo = [(o, t) for o, t in steps if first <= o <= last]
     for _ in range(APPLY_ROUNDS):
-        tokens = sum(t for _, t in todo)
-        outcome = await state.apply_span(ref, first, last, tokens, len(todo))
+        # a step of _ALL tokens (no journal to say what a span held) clears both counters
+        clears = any(t == _ALL for _, t in todo)
+        tokens = _ALL if clears else sum(t for _, t in todo)
+        messages = _ALL if clears else len(todo)
+        outcome = await state.apply_span(ref, first, last, tokens, messages)
         if outcome.status == "applied":
             return True
         if outcome.status == "already":
