@@ -238,25 +238,12 @@ end
 return table.concat(out, '|')
 """
 
-_APPLY_SUMMARY: Final = """
-local last = tonumber(ARGV[1])
-local wm = tonumber(redis.call('GET', KEYS[2]) or '-1')
-local g = redis.call('GET', KEYS[3])
-if g and tonumber(g) <= last then redis.call('DEL', KEYS[3]) end
-if wm >= last then return 0 end
-redis.call('SET', KEYS[2], last, 'EX', ARGV[4])
-local c = redis.call('HMGET', KEYS[1], 'tokens', 'messages')
-local t = math.max(0, (tonumber(c[1]) or 0) - tonumber(ARGV[2]))
-local m = math.max(0, (tonumber(c[2]) or 0) - tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'tokens', t, 'messages', m)
-return 1
-"""
-
 # A summarized span first..last (ARGV[1], ARGV[2]) applied only where it meets Valkey's own
 # watermark: {1, wm} applied; {0, wm} already (wm >= last: the guard is cleared); {2, wm}
 # Valkey is behind first - 1 (it lost an earlier summary: the caller adds wm+1..first-1);
 # {3, wm} Valkey is inside the span (the caller subtracts only wm+1..last). An unknown
-# watermark (no key) applies the span as given.
+# watermark (no key), or no ``first`` (ARGV[1] empty: ``apply_summary``), applies the span as
+# given.
 _APPLY_SPAN: Final = """
 local first = tonumber(ARGV[1])
 local last = tonumber(ARGV[2])
@@ -267,8 +254,8 @@ if wm >= last then
   if g and tonumber(g) <= last then redis.call('DEL', KEYS[3]) end
   return {0, wm}
 end
-if cur and wm < first - 1 then return {2, wm} end
-if cur and wm > first - 1 then return {3, wm} end
+if cur and first and wm < first - 1 then return {2, wm} end
+if cur and first and wm > first - 1 then return {3, wm} end
 local g = redis.call('GET', KEYS[3])
 if g and tonumber(g) <= last then redis.call('DEL', KEYS[3]) end
 redis.call('SET', KEYS[2], last, 'EX', ARGV[5])
@@ -432,7 +419,6 @@ class ThreadState:
         self._count_many = redis.register_script(_COUNT_MANY)
         self._claim_guard = redis.register_script(_CLAIM_GUARD)
         self._claim_guards = redis.register_script(_CLAIM_GUARDS)
-        self._apply = redis.register_script(_APPLY_SUMMARY)
         self._apply_span = redis.register_script(_APPLY_SPAN)
         self._release = redis.register_script(_RELEASE)
         self._renew = redis.register_script(_RENEW)
@@ -595,14 +581,7 @@ class ThreadState:
     ) -> bool:
         """Subtract a summarized span, raise the watermark, clear the guard. False if this
         offset was already applied (then only the guard is cleared)."""
-        res = await _call(
-            lambda: self._apply(
-                keys=[redis_keys.counters(ref), redis_keys.watermark(ref), redis_keys.guard(ref)],
-                args=[last_offset, max(0, tokens), max(0, messages), WATERMARK_TTL_S],
-            ),
-            "resetting counters",
-        )
-        return int(cast(int, res)) == 1
+        return (await self._apply(ref, None, last_offset, tokens, messages)).status == "applied"
 
     async def apply_span(
         self, ref: ThreadRef, first: int, last: int, tokens: int, messages: int
@@ -611,10 +590,21 @@ class ThreadState:
         Valkey's own watermark (see :class:`SpanOutcome`): a summary whose span starts after
         a summary Valkey lost is not applied as if it followed the watermark. An unknown
         watermark applies the span as given."""
+        return await self._apply(ref, first, last, tokens, messages)
+
+    async def _apply(
+        self, ref: ThreadRef, first: int | None, last: int, tokens: int, messages: int
+    ) -> SpanOutcome:
         res = await _call(
             lambda: self._apply_span(
                 keys=[redis_keys.counters(ref), redis_keys.watermark(ref), redis_keys.guard(ref)],
-                args=[first, last, max(0, tokens), max(0, messages), WATERMARK_TTL_S],
+                args=[
+                    "" if first is None else first,
+                    last,
+                    max(0, tokens),
+                    max(0, messages),
+                    WATERMARK_TTL_S,
+                ],
             ),
             "resetting counters",
         )
