@@ -199,6 +199,25 @@ async def lose_last_summary(
     )
 
 
+async def summary_lost(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    redis: aioredis.Redis,
+) -> tuple[ThreadRef, list[Message], SummarizerProcessor]:
+    """A thread of 60 counted messages, summarized to 9 then to 39, whose Valkey then lost
+    the second summary (watermark back at 9, 10..59 counted): the thread, its messages and
+    its summarizer."""
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(60))
+    await count_all(counters, msgs)
+    s = summarizer(journal, state, store)
+    assert await s.summarize(ref, 9) is not None and await s.summarize(ref, 39) is not None
+    await lose_last_summary(redis, ref, msgs, 9)
+    return ref, msgs, s
+
+
 @pytest.mark.parametrize("first_comes", ["the next summary", "the catch-up"])
 async def test_a_summary_valkey_lost_is_subtracted_once_whoever_comes_first(
     journal: Journal,
@@ -213,12 +232,7 @@ async def test_a_summary_valkey_lost_is_subtracted_once_whoever_comes_first(
     order leaves the counters with 50..59 only. Before, a next summary applied first
     subtracted only 40..49 and the catch-up then saw nothing to do: 40 messages counted, 30
     of them summarized already (an early request)."""
-    ref = new_ref()
-    msgs = await append(journal, ref, chatter(60))
-    await count_all(counters, msgs)
-    s = summarizer(journal, state, store)
-    assert await s.summarize(ref, 9) is not None and await s.summarize(ref, 39) is not None
-    await lose_last_summary(redis_client, ref, msgs, 9)
+    ref, msgs, s = await summary_lost(journal, counters, state, store, redis_client)
     assert await state.counters(ref) == (sum(m.token_count for m in msgs[10:]), 50)
     if first_comes == "the next summary":
         assert await s.summarize(ref, 49) is not None
@@ -242,12 +256,7 @@ async def test_without_a_journal_the_catch_up_clears_the_counters(
 ) -> None:
     """A catch-up with no journal to say what the lost summary covered raises the
     watermark and clears both counters: the next summary may come late, never early."""
-    ref = new_ref()
-    msgs = await append(journal, ref, chatter(60))
-    await count_all(counters, msgs)
-    s = summarizer(journal, state, store)
-    assert await s.summarize(ref, 9) is not None and await s.summarize(ref, 39) is not None
-    await lose_last_summary(redis_client, ref, msgs, 9)
+    ref, msgs, s = await summary_lost(journal, counters, state, store, redis_client)
     assert await catch_up(state, store, None, [ref]) == [ref]
     assert await state.counters(ref) == (0, 0)
     assert await state.watermark(ref) == 39
