@@ -25,6 +25,7 @@ from memstream.projections.messages.postings import (
 )
 from memstream.projections.messages.ranking import TermStats, impact_bound, plan, rarest_first
 from memstream.projections.messages.sql import SearchSpec, query_words
+from memstream.projections.messages.text_table import TEXT_TABLE
 from memstream.schemas.records import Caller
 from tests.integration.test_transcript_search import m, project, search
 
@@ -261,7 +262,7 @@ async def test_many_threads_are_erased_together_and_only_they(
     assert await message_store.erase_threads(gone) == 9
     assert await message_store.erase_threads(gone) == 0
     db = message_store.database
-    for table in ("messages", POSTINGS_TABLE, "thread_users"):
+    for table in ("messages", POSTINGS_TABLE, "thread_users", TEXT_TABLE):
         left = await message_store.engine.rows(
             f"SELECT DISTINCT agent_id, thread_id FROM {db}.{table} ORDER BY 1, 2", {}
         )

@@ -97,6 +97,15 @@ from memstream.projections.messages.sql import (
     thread_visible_sql,
     upgrade_ddl,
 )
+from memstream.projections.messages.text_table import (
+    TEXT_FILLING,
+    TEXT_TABLE,
+    text_by_key_sql,
+    text_key,
+    text_table_ddl,
+    text_view_ddl,
+)
+from memstream.projections.messages.text_table import backfill_sql as text_backfill_sql
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +161,8 @@ class MessageStore:
         # (account, agent, term) -> the term's statistics as the last search saw them: they
         # only choose between two exact paths (see lexical_search), so they need no expiry
         self._term_hints: dict[tuple[str, str, str], TermStats] = {}
+        # database -> whether its hits' text is read from ``message_text`` (:mod:`.text_table`)
+        self._text: dict[str, bool] = {}
 
     async def ensure_schema(self, *, defer_postings: bool = False) -> None:
         """Create the database and tables if missing (idempotent). ``defer_postings`` (a
@@ -168,6 +179,51 @@ class MessageStore:
             await self._defer_postings()
         else:
             await self._ensure_postings()
+        await self._ensure_text()
+
+    async def _ensure_text(self) -> None:
+        """The hits' text table and the view that fills it at every insert (a replay's
+        target keeps the view: a point write per message costs little); for a ``messages``
+        table made before it, filled from the stored rows (a one-off, a marker standing while
+        it runs, as for the postings). An engine without ``EmbeddedRocksDB`` keeps reading
+        the text from ``messages``."""
+        db = self.database
+        has_table, filling = await self._tables(TEXT_TABLE, TEXT_FILLING)
+        if has_table and not filling:
+            await self.engine.command(text_view_ddl(db))
+            self._text[db] = True
+            return
+        await self.engine.command(
+            f"CREATE TABLE IF NOT EXISTS {db}.{TEXT_FILLING} (x UInt8) ENGINE = Log"
+        )
+        try:
+            await self.engine.command(text_table_ddl(db))
+        except (PermanentInfraError, RetryableInfraError) as e:
+            if "UNKNOWN_STORAGE" not in str(e) and "EmbeddedRocksDB" not in str(e):
+                raise
+            log.warning(
+                "no EmbeddedRocksDB in this ClickHouse: search reads its hits' text from messages"
+            )
+            await self.engine.command(f"DROP TABLE IF EXISTS {db}.{TEXT_FILLING}")
+            self._text[db] = False
+            return
+        await self.engine.command(text_view_ddl(db))
+        stored = await self.engine.rows(f"SELECT count() FROM {db}.messages", {})
+        if stored and int(str(stored[0][0])):
+            log.warning("filling %s.%s from the stored messages (one-off)", db, TEXT_TABLE)
+        await self.engine.command(text_backfill_sql(db))
+        await self.engine.command(f"DROP TABLE {db}.{TEXT_FILLING}")
+        self._text[db] = True
+
+    async def _has_text(self) -> bool:
+        """Whether this database's hits' text is read from ``message_text``: the table is
+        there and filled (looked up once per database by a process that did not make it)."""
+        db = self.database
+        known = self._text.get(db)
+        if known is None:
+            has_table, filling = await self._tables(TEXT_TABLE, TEXT_FILLING)
+            known = self._text[db] = has_table and not filling
+        return known
 
     async def _ensure_postings(self) -> None:
         """The posting lists and the view that fills them at every insert; for a
@@ -568,14 +624,8 @@ class MessageStore:
         # the text of the rows returned only (the scoring reads postings)
         stored = {
             (str(t), int(str(o))): (str(mid), str(role), str(content))
-            for t, mid, o, role, content, _ms in await self.engine.rows(
-                messages_by_key_sql(self.database, terms=False),
-                {
-                    "account_id": spec.account_id,
-                    "agent_id": spec.agent_id,
-                    "thread_ids": [r.thread_id for r in ranked],
-                    "offsets": [r.offset for r in ranked],
-                },
+            for t, mid, o, role, content, _ms in await self._text_at(
+                spec, [(r.thread_id, r.offset) for r in ranked]
             )
         }
         out = []
@@ -610,6 +660,29 @@ class MessageStore:
                 )
             )
         return out
+
+    async def _text_at(self, spec: SearchSpec, keys: Sequence[tuple[str, int]]) -> list[Row]:
+        """Rows thread_id, message_id, offset, role, content, created_ms of the agent's
+        messages at ``keys`` (one per key found): point reads from ``message_text``, or a
+        key-set read of ``messages`` where that table is not there."""
+        if await self._has_text():
+            return await self.engine.rows(
+                text_by_key_sql(self.database),
+                {
+                    "account_id": spec.account_id,
+                    "agent_id": spec.agent_id,
+                    "keys": [text_key(spec.account_id, spec.agent_id, t, o) for t, o in keys],
+                },
+            )
+        return await self.engine.rows(
+            messages_by_key_sql(self.database, terms=False),
+            {
+                "account_id": spec.account_id,
+                "agent_id": spec.agent_id,
+                "thread_ids": [t for t, _ in keys],
+                "offsets": [o for _, o in keys],
+            },
+        )
 
     async def thread_visible(
         self, account_id: str, agent_id: str, thread_id: str, user_id: str | None
@@ -649,11 +722,16 @@ class MessageStore:
         Returns the message rows that were stored. Idempotent."""
         stored = 0
         unique = list(dict.fromkeys(threads))
+        # the text table whenever it is there, filled or filling
+        (has_text,) = await self._tables(TEXT_TABLE)
+        tables = ("messages", POSTINGS_TABLE, "message_vectors", "thread_users") + (
+            (TEXT_TABLE,) if has_text else ()
+        )
         for i in range(0, len(unique), ERASE_CHUNK):
             chunk = unique[i : i + ERASE_CHUNK]
             rows = await self.engine.rows(thread_counts_sql(self.database, chunk), {})
             stored += int(str(rows[0][0]))
-            for table in ("messages", POSTINGS_TABLE, "message_vectors", "thread_users"):
+            for table in tables:
                 await self.engine.command(erase_threads_sql(self.database, table, chunk))
         return stored
 
