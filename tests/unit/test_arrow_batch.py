@@ -181,9 +181,11 @@ _json_values = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=5),
     st.lists(st.integers(0, 3), max_size=2),
-    st.just({}),
-    st.just([{"id": "c"}]),
-    st.just([{"id": None}]),
+    # fresh objects per draw (``st.just`` would hand out one shared dict, which a later
+    # mutation can put inside itself: a cycle orjson refuses with "Recursion limit")
+    st.builds(dict),
+    st.builds(lambda: [{"id": "c"}]),
+    st.builds(lambda: [{"id": None}]),
     st.sampled_from(
         [
             "2026-03-01T12:00:00.000Z",
