@@ -21,7 +21,7 @@ from obstore.store import LocalStore
 
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import FixedClock
-from memstream.errors import Conflict
+from memstream.errors import Conflict, RetryableInfraError
 from memstream.infra import redis_keys
 from memstream.infra.accounts import Accounts
 from memstream.infra.journal import Journal
@@ -245,6 +245,63 @@ async def test_a_summary_valkey_lost_is_subtracted_once_whoever_comes_first(
     # and the thread goes on: 40 more messages cross at 50 since the summary, not before
     more = await append(journal, ref, chatter(40, 60))
     assert await count_all(counters, more) == [39]
+
+
+async def test_the_catch_up_brings_back_the_summary_readers_see(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    redis_client: aioredis.Redis,
+) -> None:
+    """Valkey lost the second summary's cache entry with its watermark (the first one is
+    cached again): readers got the summary up to 9 while the catch-up made the counters
+    count from 39 on, so 10..39 were in neither. The catch-up re-caches the stored one."""
+    ref, _msgs, _s = await summary_lost(journal, counters, state, store, redis_client)
+    first = await store.get_version(ref, 1)
+    assert first is not None
+    await redis_client.delete(redis_keys.summary_cache(ref))
+    await store.cache(ref, first)
+    assert (await store.get(ref)).last_message_offset == 9  # type: ignore[union-attr]
+    assert await catch_up(state, store, journal, [ref]) == [ref]
+    got = await store.get(ref)
+    assert got is not None and (got.version, got.last_message_offset) == (2, 39)
+
+
+async def test_a_summary_whose_after_effects_failed_is_cached_by_the_repair(
+    journal: Journal,
+    counters: CountersProcessor,
+    state: ThreadState,
+    store: SummaryStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Valkey went down right after the second summary reached the object store: its cache
+    write and the counters' reset both failed. The redelivered request repairs the reset,
+    and readers then get the second summary, not the first one still cached (they did for
+    up to the cache's hour: 50 messages in neither the summary nor the counters)."""
+    ref = new_ref()
+    msgs = await append(journal, ref, chatter(100))
+    await count_all(counters, msgs)
+    s = summarizer(journal, state, store)
+    assert await s.summarize(ref, 49) is not None
+
+    async def down(*_a: object) -> None:
+        raise RetryableInfraError("valkey: connection refused")
+
+    async def lost(*_a: object) -> None:
+        return None
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "cache", lost)  # best effort: the failure is only logged
+        m.setattr(store, "refresh_cache", down)
+        with pytest.raises(RetryableInfraError):
+            await s.summarize(ref, 99)
+    assert (await store.get(ref)).version == 1  # type: ignore[union-attr]
+    assert await s.summarize(ref, 99) is None  # the redelivery: written already, repaired
+    got = await store.get(ref)
+    assert got is not None and (got.version, got.last_message_offset) == (2, 99)
+    assert await state.counters(ref) == (0, 0)
+    assert await state.watermark(ref) == 99
 
 
 async def test_without_a_journal_the_catch_up_clears_the_counters(

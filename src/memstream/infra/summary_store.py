@@ -241,12 +241,25 @@ class SummaryStore:
     async def cache(self, ref: ThreadRef, summary: Summary) -> None:
         """Cache ``summary`` for the TTL unless a newer version is cached (best effort)."""
         try:
+            await self.refresh_cache(ref, summary)
+        except RetryableInfraError as e:
+            log.warning("summary cache write failed for %s: %s", ref.key, e)
+
+    async def refresh_cache(self, ref: ThreadRef, summary: Summary) -> None:
+        """:meth:`cache`, raising :class:`RetryableInfraError` when Redis fails. For the
+        steps that apply a summary to the counters: a cache left at an older version (its
+        write failed while Valkey restarted, or Valkey lost it in a kill) would be read back
+        by :meth:`get`, the context included, for up to the TTL, while the counters already
+        count from the newer summary on: the messages between the two summaries in neither.
+        Caching before applying keeps "applied" implying "cached" through a loss of Valkey's
+        latest writes (its AOF and replicas keep writes in order)."""
+        try:
             await self._cache_if_newer(
                 keys=[redis_keys.summary_cache(ref)],
                 args=[_encode(summary), summary.version, self._ttl],
             )
         except RedisError as e:
-            log.warning("summary cache write failed for %s: %s", ref.key, e)
+            raise RetryableInfraError(f"summary cache write failed for {ref.key}: {e}") from e
 
     async def ping(self) -> None:
         """Raise unless the object store answers (a HEAD of a key that need not exist)."""

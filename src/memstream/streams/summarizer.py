@@ -272,6 +272,9 @@ class SummarizerProcessor(Processor):
                 ref.account_id, ref.agent_id, ref.thread_id, summary, epoch_ms(self._clock.now())
             )
             await self._ctx.publish(self._ctx.topics.summaries, env, ref.key)
+        # the cache first (SummaryStore.refresh_cache): a write that failed while Valkey
+        # was down must not leave the previous summary cached once the counters move on
+        await self._store.refresh_cache(ref, summary)
         # from Valkey's own watermark: a summary it lost before this span is subtracted too
         await apply_span(
             self._state,
@@ -285,6 +288,7 @@ class SummarizerProcessor(Processor):
     async def _repair(self, ref: ThreadRef, current: Summary) -> None:
         """A redelivered request: redo the after-effects of ``current`` if a crash cut them."""
         if await self._state.watermark(ref) >= current.last_message_offset:
+            await self._store.refresh_cache(ref, current)
             await self._state.apply_summary(ref, current.last_message_offset, 0, 0)  # guard only
             return
         before = await self._store.get_version(ref, current.version - 1)

@@ -130,6 +130,10 @@ async def catch_up(
             if span is None:
                 return False
             first, last = span
+            # Valkey lost the summary's cache entry too (an older version may be back): the
+            # readers must see the summary the counters are about to count from
+            assert current is not None  # a span needs a stored summary
+            await summaries.refresh_cache(ref, current)
             if journal is None:
                 steps = [(first, _ALL)]
             else:
