@@ -100,6 +100,7 @@ from memstream.projections.messages.sql import (
 from memstream.projections.messages.text_table import (
     TEXT_FILLING,
     TEXT_TABLE,
+    TEXT_VIEW,
     text_by_key_sql,
     text_key,
     text_table_ddl,
@@ -179,16 +180,18 @@ class MessageStore:
             await self._defer_postings()
         else:
             await self._ensure_postings()
-        await self._ensure_text()
+        await self._ensure_text(defer=defer_postings)
 
-    async def _ensure_text(self) -> None:
-        """The hits' text table and the view that fills it at every insert (a replay's
-        target keeps the view: a point write per message costs little); for a ``messages``
-        table made before it, filled from the stored rows (a one-off, a marker standing while
-        it runs, as for the postings). An engine without ``EmbeddedRocksDB`` keeps reading
-        the text from ``messages``."""
+    async def _ensure_text(self, *, defer: bool = False) -> None:
+        """The hits' text table and the view that fills it at every insert; for a
+        ``messages`` table made before it, filled from the stored rows (a one-off, a marker
+        standing while it runs, as for the postings; readers use ``messages`` meanwhile).
+        ``defer`` (a replay's target): the table and the marker only, filled once by
+        :meth:`seal_postings` (one ``INSERT ... SELECT`` costs less than a write per batch
+        through the view: docs/operations.md). An engine without ``EmbeddedRocksDB`` keeps
+        reading the text from ``messages``."""
         db = self.database
-        has_table, filling = await self._tables(TEXT_TABLE, TEXT_FILLING)
+        has_table, filling, has_view = await self._tables(TEXT_TABLE, TEXT_FILLING, TEXT_VIEW)
         if has_table and not filling:
             await self.engine.command(text_view_ddl(db))
             self._text[db] = True
@@ -196,6 +199,7 @@ class MessageStore:
         await self.engine.command(
             f"CREATE TABLE IF NOT EXISTS {db}.{TEXT_FILLING} (x UInt8) ENGINE = Log"
         )
+        self._text[db] = False
         try:
             await self.engine.command(text_table_ddl(db))
         except (PermanentInfraError, RetryableInfraError) as e:
@@ -205,11 +209,12 @@ class MessageStore:
                 "no EmbeddedRocksDB in this ClickHouse: search reads its hits' text from messages"
             )
             await self.engine.command(f"DROP TABLE IF EXISTS {db}.{TEXT_FILLING}")
-            self._text[db] = False
+            return
+        if defer and not has_view:  # (with the view: a seal interrupted in its fill)
             return
         await self.engine.command(text_view_ddl(db))
         stored = await self.engine.rows(f"SELECT count() FROM {db}.messages", {})
-        if stored and int(str(stored[0][0])):
+        if stored and int(str(stored[0][0])) and not defer:
             log.warning("filling %s.%s from the stored messages (one-off)", db, TEXT_TABLE)
         await self.engine.command(text_backfill_sql(db))
         await self.engine.command(f"DROP TABLE {db}.{TEXT_FILLING}")
@@ -295,19 +300,20 @@ class MessageStore:
         await self.engine.command(postings_table_ddl(db))
 
     async def seal_postings(self) -> None:
-        """The view, then the postings of the rows stored without it, then the marker goes
-        (idempotent: a seal interrupted after the fill fills again, and the copies collapse
-        as a replay's do). Exact only while nothing else writes into the table, as in a
+        """The views, then the postings and the text of the rows stored without them, then
+        the markers go (idempotent: a seal interrupted after a fill fills again, and the
+        copies collapse as a replay's do). Exact only while nothing else writes into the table, as in a
         replay's target before its switch."""
         db = self.database
         has_view, deferred = await self._tables(POSTINGS_VIEW, POSTINGS_DEFERRED)
         if not deferred:
             if not has_view:
                 await self._ensure_postings()
-            return
-        await self.engine.command(postings_view_ddl(db))
-        await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
-        await self.engine.command(f"DROP TABLE {db}.{POSTINGS_DEFERRED}")
+        else:
+            await self.engine.command(postings_view_ddl(db))
+            await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
+            await self.engine.command(f"DROP TABLE {db}.{POSTINGS_DEFERRED}")
+        await self._ensure_text()  # the deferred text too: its view, then one fill
 
     async def write(self, rows: Sequence[MessageRow]) -> int:
         """Insert a batch; returns the message rows written. Durable on return. Rows of
