@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
+from memstream.errors import RetryableInfraError
 from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.sql import SearchSpec, query_words
@@ -161,3 +164,27 @@ async def test_a_replay_target_s_text_is_filled_once_by_its_seal(chdb_engine: Ch
     assert ("d", 0, "a rooftop bar") in [
         (h.thread_id, h.offset, h.content) for h in await _hits(reader, "rooftop")
     ]
+
+
+async def test_an_erasure_cut_after_the_text_completes_when_run_again(
+    message_store: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text goes first, by keys read from the messages; a run cut before the messages'
+    deletion leaves them, and the rerun finds the same keys (none left) and finishes."""
+    await project(message_store, _msgs())
+    engine = message_store.engine
+    real = engine.command
+
+    async def cut(sql: str) -> None:
+        if f"{message_store.database}.messages DELETE" in sql:
+            raise RetryableInfraError("chdb: killed")
+        await real(sql)
+
+    monkeypatch.setattr(engine, "command", cut)
+    with pytest.raises(RetryableInfraError):
+        await message_store.erase_threads([("acc", "ag", "a")])
+    monkeypatch.setattr(engine, "command", real)
+    assert {t for _, _, t, _, _ in await _text_rows(message_store)} == {"b", "c"}
+    assert await message_store.erase_threads([("acc", "ag", "a")]) == 4
+    assert {t for _, _, t, _, _ in await _text_rows(message_store)} == {"b", "c"}
+    assert {h.thread_id for h in await _hits(message_store, "lisbon")} == {"b", "c"}

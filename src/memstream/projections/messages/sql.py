@@ -316,7 +316,7 @@ def literal(value: SqlParam) -> str:
 
 def _element(v: str | int | float) -> str:
     if isinstance(v, str):
-        return _quote(v)
+        return quote(v)
     return str(v) if isinstance(v, int) else repr(float(v))
 
 
@@ -331,7 +331,8 @@ def _escape(s: str) -> str:
     )
 
 
-def _quote(s: str) -> str:
+def quote(s: str) -> str:
+    """A ClickHouse string literal (for statements that take no parameters)."""
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -343,10 +344,21 @@ def erase_threads_sql(database: str, table: str, threads: Sequence[tuple[str, st
     if not threads:
         raise ValueError("erase_threads_sql needs at least one thread")
     db = check_database(database)
-    keys = ", ".join(f"({_quote(a)}, {_quote(g)}, {_quote(t)})" for a, g, t in threads)
+    keys = ", ".join(f"({quote(a)}, {quote(g)}, {quote(t)})" for a, g, t in threads)
     return (
         f"ALTER TABLE {db}.{table} DELETE WHERE (account_id, agent_id, thread_id) IN ({keys}) "
         "SETTINGS mutations_sync = 2"
+    )
+
+
+def thread_keys_sql(database: str, threads: Sequence[tuple[str, str, str]]) -> str:
+    """Rows account_id, agent_id, thread_id, offset of every stored message of ``threads``
+    (copies once); quoted like :func:`erase_threads_sql`."""
+    db = check_database(database)
+    keys = ", ".join(f"({quote(a)}, {quote(g)}, {quote(t)})" for a, g, t in threads)
+    return (
+        f"SELECT DISTINCT account_id, agent_id, thread_id, `offset` FROM {db}.messages "
+        f"WHERE (account_id, agent_id, thread_id) IN ({keys})"
     )
 
 
@@ -354,7 +366,7 @@ def thread_counts_sql(database: str, threads: Sequence[tuple[str, str, str]]) ->
     """Rows stored for each of ``threads`` (duplicates included), one statement: what an
     erasure reports it removed. Quoted like :func:`erase_threads_sql`, whose keys it reads."""
     db = check_database(database)
-    keys = ", ".join(f"({_quote(a)}, {_quote(g)}, {_quote(t)})" for a, g, t in threads)
+    keys = ", ".join(f"({quote(a)}, {quote(g)}, {quote(t)})" for a, g, t in threads)
     return f"SELECT count() FROM {db}.messages WHERE (account_id, agent_id, thread_id) IN ({keys})"
 
 
@@ -412,7 +424,7 @@ def journal_batch_sql(source: str, *, event_id: bool = False) -> str:
     call ids present, ``created_at`` as ``YYYY-MM-DDTHH:MM:SS.mmmZ``); whatever the bulk path
     cannot vouch for is ``KIND_PYTHON``.
     """
-    types = ", ".join(_quote(t) for t in sorted(_EVENT_TYPES))
+    types = ", ".join(quote(t) for t in sorted(_EVENT_TYPES))
     return f"""SELECT
     multiIf(
         NOT (ifNull(v, 0) = 1 AND type IN ({types}) AND id IS NOT NULL AND ts IS NOT NULL

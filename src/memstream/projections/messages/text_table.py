@@ -23,9 +23,10 @@ is not made and the store reads ``messages`` as before (:data:`TEXT_TABLE` absen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
-from memstream.projections.messages.sql import check_database
+from memstream.projections.messages.sql import check_database, quote
 
 TEXT_TABLE: Final = "message_text"
 TEXT_VIEW: Final = "message_text_mv"
@@ -89,3 +90,15 @@ def text_by_key_sql(database: str) -> str:
 FROM {db}.{TEXT_TABLE}
 WHERE key IN {{keys:Array(String)}}
   AND account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}"""
+
+
+def text_delete_sql(database: str, keys: Sequence[str]) -> str:
+    """Delete the texts at ``keys`` (point deletes: ``key IN`` literals; a mutation takes no
+    parameters, so they are quoted here), synchronously."""
+    if not keys:
+        raise ValueError("text_delete_sql needs at least one key")
+    db = check_database(database)
+    listed = ", ".join(quote(k) for k in keys)
+    return (
+        f"ALTER TABLE {db}.{TEXT_TABLE} DELETE WHERE key IN ({listed}) SETTINGS mutations_sync = 2"
+    )
