@@ -119,9 +119,9 @@ TERM_HINTS_SIZE: Final = 200_000
 """At most this many (account, agent, term) statistics kept as hints for the plan (a few
 hundred bytes each); all are dropped past it."""
 ERASE_CHUNK: Final = 500
+"""Threads erased by one mutation per table (keeps the statement a few tens of KB)."""
 ERASE_KEYS: Final = 5_000
 """Text keys deleted by one statement (a few hundred KB of literals)."""
-"""Threads erased by one mutation per table (keeps the statement a few tens of KB)."""
 BulkParse = Literal["arrow", "engine"]
 """Who parses a raw batch in :meth:`MessageStore.parse_journal_batch`: pyarrow in this
 process (the default: about half the cost, docs/transcript-search.md) or the ClickHouse
@@ -306,8 +306,8 @@ class MessageStore:
     async def seal_postings(self) -> None:
         """The views, then the postings and the text of the rows stored without them, then
         the markers go (idempotent: a seal interrupted after a fill fills again, and the
-        copies collapse as a replay's do). Exact only while nothing else writes into the table, as in a
-        replay's target before its switch."""
+        copies collapse as a replay's do). Exact only while nothing else writes into the
+        tables, as in a replay's target before its switch."""
         db = self.database
         has_view, deferred = await self._tables(POSTINGS_VIEW, POSTINGS_DEFERRED)
         if not deferred:
