@@ -336,6 +336,12 @@ def quote(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _thread_tuples(threads: Sequence[tuple[str, str, str]]) -> str:
+    """``threads`` as a quoted list of (account, agent, thread) tuples, for the erasure's
+    statements (mutations take no query parameters)."""
+    return ", ".join(f"({quote(a)}, {quote(g)}, {quote(t)})" for a, g, t in threads)
+
+
 def erase_threads_sql(database: str, table: str, threads: Sequence[tuple[str, str, str]]) -> str:
     """Delete the rows of ``threads`` ((account, agent, thread) triples, at least one) from
     ``table`` synchronously (erasure), in one mutation: a mutation rewrites every part it
@@ -344,30 +350,22 @@ def erase_threads_sql(database: str, table: str, threads: Sequence[tuple[str, st
     if not threads:
         raise ValueError("erase_threads_sql needs at least one thread")
     db = check_database(database)
-    keys = ", ".join(f"({quote(a)}, {quote(g)}, {quote(t)})" for a, g, t in threads)
     return (
-        f"ALTER TABLE {db}.{table} DELETE WHERE (account_id, agent_id, thread_id) IN ({keys}) "
-        "SETTINGS mutations_sync = 2"
+        f"ALTER TABLE {db}.{table} DELETE WHERE (account_id, agent_id, thread_id) IN "
+        f"({_thread_tuples(threads)}) SETTINGS mutations_sync = 2"
     )
 
 
 def thread_keys_sql(database: str, threads: Sequence[tuple[str, str, str]]) -> str:
-    """Rows account_id, agent_id, thread_id, offset of every stored message of ``threads``
-    (copies once); quoted like :func:`erase_threads_sql`."""
+    """Rows account_id, agent_id, thread_id, offset, copies of every stored message of
+    ``threads``, one statement: what an erasure reports it removed (the copies summed) and
+    the keys of their text. Quoted like :func:`erase_threads_sql`, whose keys it reads."""
     db = check_database(database)
-    keys = ", ".join(f"({quote(a)}, {quote(g)}, {quote(t)})" for a, g, t in threads)
     return (
-        f"SELECT DISTINCT account_id, agent_id, thread_id, `offset` FROM {db}.messages "
-        f"WHERE (account_id, agent_id, thread_id) IN ({keys})"
+        f"SELECT account_id, agent_id, thread_id, `offset`, count() FROM {db}.messages "
+        f"WHERE (account_id, agent_id, thread_id) IN ({_thread_tuples(threads)}) "
+        "GROUP BY account_id, agent_id, thread_id, `offset`"
     )
-
-
-def thread_counts_sql(database: str, threads: Sequence[tuple[str, str, str]]) -> str:
-    """Rows stored for each of ``threads`` (duplicates included), one statement: what an
-    erasure reports it removed. Quoted like :func:`erase_threads_sql`, whose keys it reads."""
-    db = check_database(database)
-    keys = ", ".join(f"({quote(a)}, {quote(g)}, {quote(t)})" for a, g, t in threads)
-    return f"SELECT count() FROM {db}.messages WHERE (account_id, agent_id, thread_id) IN ({keys})"
 
 
 def bind_for_text(params: Mapping[str, SqlParam]) -> dict[str, str]:

@@ -93,7 +93,6 @@ from memstream.projections.messages.sql import (
     has_terms_sql,
     journal_batch_sql,
     messages_by_key_sql,
-    thread_counts_sql,
     thread_keys_sql,
     thread_visible_sql,
     upgrade_ddl,
@@ -736,21 +735,21 @@ class MessageStore:
         (has_text,) = await self._tables(TEXT_TABLE)
         for i in range(0, len(unique), ERASE_CHUNK):
             chunk = unique[i : i + ERASE_CHUNK]
-            rows = await self.engine.rows(thread_counts_sql(self.database, chunk), {})
-            stored += int(str(rows[0][0]))
+            found = await self.engine.rows(thread_keys_sql(self.database, chunk), {})
+            stored += sum(int(str(r[4])) for r in found)
             if has_text:  # first: its keys are read from the messages still there
-                await self._erase_text(chunk)
+                await self._erase_text(
+                    [text_key(str(a), str(g), str(t), int(str(o))) for a, g, t, o, _ in found]
+                )
             for table in ("messages", POSTINGS_TABLE, "message_vectors", "thread_users"):
                 await self.engine.command(erase_threads_sql(self.database, table, chunk))
         return stored
 
-    async def _erase_text(self, threads: Sequence[tuple[str, str, str]]) -> None:
-        """Delete the text of ``threads`` from ``message_text`` by key, the keys read from
-        ``messages`` (so before them): point deletes, where a condition on the threads scans
-        the whole table (2-3 s per mutation at 1M messages, 5 ms for 100 keys). A rerun of an
+    async def _erase_text(self, keys: Sequence[str]) -> None:
+        """Delete the texts at ``keys`` from ``message_text``, the keys read from ``messages``
+        (so before them): point deletes, where a condition on the threads scans the whole
+        table (2-3 s per mutation at 1M messages, 5 ms for 100 keys). A rerun of an
         interrupted erasure finds the same keys while the messages are there."""
-        found = await self.engine.rows(thread_keys_sql(self.database, threads), {})
-        keys = [text_key(str(a), str(g), str(t), int(str(o))) for a, g, t, o in found]
         for i in range(0, len(keys), ERASE_KEYS):
             await self.engine.command(text_delete_sql(self.database, keys[i : i + ERASE_KEYS]))
 
