@@ -114,6 +114,13 @@ class Settings(BaseSettings):
     clickhouse_database: str = Field(
         default="memstream", description="Database of the transcript-search tables."
     )
+    transcript_index: Literal["auto", "tantivy", "clickhouse"] = Field(
+        default="auto",
+        description="Where transcript search's BM25 side finds its candidates: 'tantivy', "
+        "a Tantivy index beside embedded chdb (<data_dir>/tantivy; re-scored with the same "
+        "statistics); 'clickhouse', the posting lists in ClickHouse; 'auto', tantivy with "
+        "embedded chdb when installed, else clickhouse (docs/transcript-search.md).",
+    )
     transcript_dense: bool = Field(
         default=True,
         description="Transcript search's dense side: embed each projected message (behind "

@@ -100,6 +100,7 @@ class MessagesSink:
             database_of(self.base, generation),
             erased=self.live.erased,
             bulk_parse=self.live.bulk_parse,
+            index_root=self.live.index_root,
         )
 
     async def prepare(self, generation: int, *, fresh: bool) -> None:
@@ -111,6 +112,7 @@ class MessagesSink:
             raise InvalidRequest("cannot rebuild into the current generation", field="generation")
         if fresh:
             await target.engine.command(f"DROP DATABASE IF EXISTS {target.database}")
+            await target.drop_index(target.database)
         await target.ensure_schema(defer_postings=True)
 
     async def seal(self, generation: int) -> None:
@@ -161,6 +163,7 @@ class MessagesSink:
         db = database_of(self.base, generation)
         if db != self.live.database:
             await self.live.engine.command(f"DROP DATABASE IF EXISTS {db}")
+            await self.live.drop_index(db)
 
 
 class MemorySink:

@@ -3,6 +3,7 @@
 - :mod:`.rows` -- the pure event -> row mapping (user and assistant text only) and Arrow encoding
 - :mod:`.sql` -- every statement (DDL, ranked search, visibility), shared by both adapters
 - :mod:`.store` -- :class:`MessageStore`: schema, durable batch writes, search
+- :mod:`.lexical_index` -- the Tantivy index beside embedded chdb (BM25's candidates)
 - :mod:`.chdb_engine` -- embedded chdb adapter (default)
 - :mod:`.clickhouse_engine` -- ClickHouse server adapter (clickhouse-connect)
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from memstream.errors import InvalidRequest
 from memstream.infra.settings import Settings
+from memstream.projections.messages import lexical_index
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.clickhouse_engine import ClickHouseConnectEngine
 from memstream.projections.messages.engine import ClickHouseEngine
@@ -35,6 +38,7 @@ __all__ = [
     "SearchHit",
     "SearchSpec",
     "build_engine",
+    "index_root",
     "query_words",
     "row_of_envelope",
     "row_of_message",
@@ -53,4 +57,30 @@ def store_from_settings(settings: Settings) -> MessageStore:
     """The message store the settings ask for: ``clickhouse_url`` or chdb under
     ``<data_dir>/clickhouse`` (one process per directory: chdb locks it)."""
     engine = build_engine(settings.clickhouse_url, settings.resolved_data_dir() / "clickhouse")
-    return MessageStore(engine, settings.clickhouse_database)
+    return MessageStore(engine, settings.clickhouse_database, index_root=index_root(settings))
+
+
+def index_root(settings: Settings) -> Path | None:
+    """Where the lexical indexes live (``<data_dir>/tantivy``), or None when BM25 reads the
+    posting lists: a ClickHouse server (its processes may be many, on many machines),
+    ``transcript_index = "clickhouse"``, or Tantivy not installed under ``auto``."""
+    choice = settings.transcript_index
+    if choice == "clickhouse":
+        return None
+    if settings.clickhouse_url:
+        if choice == "tantivy":
+            raise InvalidRequest(
+                "transcript_index=tantivy needs embedded chdb (no clickhouse_url): a "
+                "ClickHouse server's readers are not the index's process",
+                field="transcript_index",
+            )
+        return None
+    if not lexical_index.available():
+        if choice == "tantivy":
+            raise InvalidRequest(
+                "transcript_index=tantivy needs the tantivy package (pip install "
+                "'memstream[embedded]')",
+                field="transcript_index",
+            )
+        return None
+    return settings.resolved_data_dir() / "tantivy"

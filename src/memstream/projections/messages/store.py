@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Final, Literal
 
 import pyarrow as pa
@@ -41,6 +42,14 @@ from memstream.projections.messages.arrow_batch import parse_journal_values
 from memstream.projections.messages.engine import ClickHouseEngine, Row
 from memstream.projections.messages.fusion import bm25 as bm25_of
 from memstream.projections.messages.fusion import coverage, fuse, query_weight
+from memstream.projections.messages.lexical_index import (
+    IndexRow,
+    LexicalIndex,
+    close_indexes,
+    drop_index,
+    open_index,
+    thread_key,
+)
 from memstream.projections.messages.postings import (
     POSTINGS_DEFERRED,
     POSTINGS_TABLE,
@@ -119,12 +128,22 @@ TERM_HINTS_SIZE: Final = 200_000
 hundred bytes each); all are dropped past it."""
 ERASE_CHUNK: Final = 500
 """Threads erased by one mutation per table (keeps the statement a few tens of KB)."""
+OWNER_MAPS_MAX: Final = 10_000
+"""At most this many agents' thread owners kept in memory for the lexical index's privacy
+filter (re-read from ``thread_users`` when dropped)."""
+INDEX_FILL_BATCH: Final = 50_000
+"""Messages read from ClickHouse per step of a lexical index fill."""
 ERASE_KEYS: Final = 5_000
 """Text keys deleted by one statement (a few hundred KB of literals)."""
 BulkParse = Literal["arrow", "engine"]
 """Who parses a raw batch in :meth:`MessageStore.parse_journal_batch`: pyarrow in this
 process (the default: about half the cost, docs/transcript-search.md) or the ClickHouse
 engine (``journal_batch_sql``, the previous path, kept for comparison)."""
+
+
+Candidate = tuple[str, int, int, float, list[int], int, list[list[int]]]
+"""One of BM25's best before the proximity rerank: thread_id, offset, created_ms, bm25, tf
+per query word, length, positions per query word (:func:`~.ranking.rerank`'s rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +172,12 @@ class MessageStore:
         embedder: Embedder | None = None,
         *,
         bulk_parse: BulkParse = "arrow",
+        index_root: Path | None = None,
     ) -> None:
         self.engine = engine
+        # the lexical index's directories (one per database: <index_root>/<database>), or
+        # None: BM25 from the posting lists (a ClickHouse server, or Tantivy not installed)
+        self.index_root = index_root
         self.bulk_parse: BulkParse = bulk_parse
         # the dense side: query vectors at search time (vectors.MessageVectors writes them)
         self.embedder = embedder
@@ -167,6 +190,12 @@ class MessageStore:
         self._term_hints: dict[tuple[str, str, str], TermStats] = {}
         # database -> whether its hits' text is read from ``message_text`` (:mod:`.text_table`)
         self._text: dict[str, bool] = {}
+        # (database, account, agent) -> thread -> its users, for the threads that have any
+        # (the private ones), as thread_users holds them: every writer of an embedded
+        # database is this process (chdb locks its folder), and each write updates it
+        self._owners: dict[tuple[str, str, str], dict[str, frozenset[str]]] = {}
+        self._hidden: dict[tuple[str, str, str, str], list[str]] = {}
+        self._owners_lock = asyncio.Lock()
 
     async def ensure_schema(self, *, defer_postings: bool = False) -> None:
         """Create the database and tables if missing (idempotent). ``defer_postings`` (a
@@ -184,6 +213,57 @@ class MessageStore:
         else:
             await self._ensure_postings()
         await self._ensure_text(defer=defer_postings)
+        index = self.lexical_index()
+        if index is not None and index.filling and not defer_postings:
+            await self._fill_index(index)
+
+    def lexical_index(self, database: str | None = None) -> LexicalIndex | None:
+        """The Tantivy index of ``database`` (this store's by default), opened on first use;
+        None without an ``index_root``."""
+        if self.index_root is None:
+            return None
+        return open_index(self.index_root / (database or self.database))
+
+    async def _fill_index(self, index: LexicalIndex) -> None:
+        """Fill ``index`` from the stored messages (their terms as ClickHouse computed them),
+        ordered by key and read in steps, under its filling marker."""
+        db = self.database
+        stored = await self.engine.rows(f"SELECT count() FROM {db}.messages", {})
+        total = int(str(stored[0][0])) if stored else 0
+        if total:
+            log.warning("filling the lexical index of %s from its %d messages", db, total)
+        started = time.perf_counter()
+
+        async def batches() -> AsyncIterator[list[IndexRow]]:
+            after: tuple[str, str, str, int] = ("", "", "", -1)
+            while True:
+                rows = await self.engine.rows(
+                    f"""SELECT account_id, agent_id, thread_id, `offset`,
+       toUnixTimestamp64Milli(created_at), terms
+FROM {db}.messages FINAL
+WHERE (account_id, agent_id, thread_id, `offset`) > ({{a:String}}, {{g:String}}, {{t:String}}, {{o:Int64}})
+ORDER BY account_id, agent_id, thread_id, `offset`
+LIMIT {INDEX_FILL_BATCH}""",
+                    {"a": after[0], "g": after[1], "t": after[2], "o": after[3]},
+                )
+                if not rows:
+                    return
+                out = [
+                    IndexRow(str(a), str(g), str(t), int(str(o)), int(str(ms)), "", _strings(terms))
+                    for a, g, t, o, ms, terms in rows
+                ]
+                last = out[-1]
+                after = (last.account_id, last.agent_id, last.thread_id, last.offset)
+                yield out
+
+        n = await index.fill(batches)
+        if total:
+            log.warning(
+                "lexical index of %s filled: %d documents in %.1f s",
+                db,
+                n,
+                time.perf_counter() - started,
+            )
 
     async def _ensure_text(self, *, defer: bool = False) -> None:
         """The hits' text table and the view that fills it at every insert; for a
@@ -317,6 +397,9 @@ class MessageStore:
             await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
             await self.engine.command(f"DROP TABLE {db}.{POSTINGS_DEFERRED}")
         await self._ensure_text()  # the deferred text too: its view, then one fill
+        index = self.lexical_index()
+        if index is not None and index.filling:  # loaded without it: one fill
+            await self._fill_index(index)
 
     async def write(self, rows: Sequence[MessageRow]) -> int:
         """Insert a batch; returns the message rows written. Durable on return. Rows of
@@ -329,9 +412,25 @@ class MessageStore:
         owners = thread_users_table(rows)
         if owners.num_rows:
             await self.engine.insert_arrow(self.database, "thread_users", owners)
+            await self._owners_written(owners)
         table = messages_table(rows)
         # the engine's count includes the rows the postings view wrote
         await self.engine.insert_arrow(self.database, "messages", table)
+        index = self.lexical_index()
+        if index is not None:
+            await index.upsert(
+                [
+                    IndexRow(
+                        r.account_id,
+                        r.agent_id,
+                        r.thread_id,
+                        r.offset,
+                        int(r.created_at.timestamp() * 1000),
+                        r.content,
+                    )
+                    for r in rows
+                ]
+            )
         return int(table.num_rows)
 
     async def write_journal_batch(self, values: Sequence[bytes]) -> ParsedBatch | None:
@@ -394,9 +493,65 @@ class MessageStore:
         return. Returns the message rows written."""
         if batch.owners.num_rows:
             await self.engine.insert_arrow(self.database, "thread_users", batch.owners)
+            await self._owners_written(batch.owners)
         if batch.messages.num_rows:
             await self.engine.insert_arrow(self.database, "messages", batch.messages)
+            index = self.lexical_index()
+            if index is not None:
+                await index.upsert(_index_rows(batch.messages))
         return int(batch.messages.num_rows)
+
+    async def _owners_written(self, owners: pa.Table) -> None:
+        """Owners just inserted into ``thread_users``: into the loaded owner maps too (under
+        the lock a load holds, so a load never misses a write it did not read)."""
+        async with self._owners_lock:
+            changed: set[tuple[str, str, str]] = set()
+            for a, g, t, u in zip(
+                *(
+                    owners.column(c).to_pylist()
+                    for c in ("account_id", "agent_id", "thread_id", "user_id")
+                ),
+                strict=True,
+            ):
+                key = (self.database, a, g)
+                threads = self._owners.get(key)
+                if threads is None:
+                    continue  # not loaded: a load reads it from thread_users
+                users = threads.get(t, frozenset())
+                if u not in users:
+                    threads[t] = users | {u}
+                    changed.add(key)
+            if changed:
+                self._hidden = {k: v for k, v in self._hidden.items() if k[:3] not in changed}
+
+    async def _hidden_threads(self, account_id: str, agent_id: str, user_id: str) -> list[str]:
+        """Thread keys (:func:`~.lexical_index.thread_key`) of the agent's threads the caller
+        may not read: those with users, none of them ``user_id`` (``""``: every thread with
+        users), as :func:`~.sql.visible_threads_filter` decides."""
+        key = (self.database, account_id, agent_id)
+        cached = self._hidden.get((*key, user_id))
+        if cached is not None:
+            return cached
+        async with self._owners_lock:
+            threads = self._owners.get(key)
+            if threads is None:
+                rows = await self.engine.rows(
+                    f"SELECT thread_id, groupUniqArray(user_id) FROM {self.database}.thread_users "
+                    "WHERE account_id = {account_id:String} AND agent_id = {agent_id:String} "
+                    "GROUP BY thread_id",
+                    {"account_id": account_id, "agent_id": agent_id},
+                )
+                if len(self._owners) >= OWNER_MAPS_MAX:
+                    self._owners.clear()
+                    self._hidden.clear()
+                threads = self._owners[key] = {str(t): frozenset(_strings(us)) for t, us in rows}
+            hidden = sorted(
+                thread_key(account_id, agent_id, t)
+                for t, us in threads.items()
+                if user_id not in us
+            )
+            self._hidden[(*key, user_id)] = hidden
+            return hidden
 
     async def collection_stats(self, account_id: str, agent_id: str) -> tuple[float, float]:
         """(messages, average length in terms) of an agent, for BM25; cached for
@@ -524,6 +679,79 @@ class MessageStore:
             out[(hit.thread_id, hit.offset)] = hit
         return out
 
+    async def _index_best(
+        self, index: LexicalIndex, spec: SearchSpec, stats: tuple[float, float], k: int
+    ) -> tuple[list[Candidate], list[int]]:
+        """BM25's best ``k`` from the lexical index: Tantivy's candidates re-scored with the
+        same statistics (:meth:`~.lexical_index.LexicalIndex.best`), the caller's hidden
+        threads filtered out inside the query."""
+        hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
+        found = await index.best(
+            spec.account_id,
+            spec.agent_id,
+            spec.thread_id,
+            spec.words,
+            hidden,
+            stats,
+            k,
+            (BM25_K1, BM25_B),
+        )
+        return [
+            (
+                h.thread_id,
+                h.offset,
+                h.created_ms,
+                h.bm25,
+                list(h.tf),
+                h.length,
+                [list(p) for p in h.positions],
+            )
+            for h in found.hits
+        ], found.dfs
+
+    async def _posting_best(
+        self, spec: SearchSpec, stats: tuple[float, float], k: int
+    ) -> tuple[list[Candidate], list[int]]:
+        """BM25's best ``k`` from the posting lists in ClickHouse."""
+        n_docs, avg_len = stats
+        if scores_directly(len(spec.words), spec.thread_id is not None) or self._plans_every_term(
+            spec, n_docs, avg_len, k
+        ):
+            # one thread holds few messages, one or two words gain less from pruning than
+            # the statistics cost, and the hints may say the plan would take every term:
+            # score every candidate, counting df in the same query (no statistics
+            # statement), exact either way
+            sql, params = (
+                one_term_sql(self.database, spec, stats, k)
+                if len(spec.words) == 1
+                else score_sql(self.database, spec, None, stats, spec.words, k)
+            )
+            best = await self.engine.rows(sql, params)
+            dfs = _ints(best[0][7]) if best else []
+            if spec.thread_id is None and len(spec.words) == 1:
+                self._hint(
+                    spec,
+                    {
+                        spec.words[0]: single_term_stats(
+                            dfs[0] if dfs else 0, [float(str(r[3])) for r in best], n_docs
+                        )
+                    },
+                )
+        else:
+            best, dfs = await self._pruned_best(spec, stats, k)
+        return [
+            (
+                str(t),
+                int(str(o)),
+                int(str(ms)),
+                float(str(sc)),
+                _ints(tf),
+                int(str(ln)),
+                [_ints(p) for p in _lists(pos)],
+            )
+            for t, o, ms, sc, tf, ln, pos, *_ in best
+        ], dfs
+
     def _plans_every_term(self, spec: SearchSpec, n_docs: float, avg_len: float, k: int) -> bool:
         """Whether every query term has a hint and, by them, the plan would take every term
         (:func:`~.ranking.every_term_essential`)."""
@@ -585,45 +813,14 @@ class MessageStore:
         bonus over those and the final order. Then the text of the rows returned."""
         n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
         k = max(RERANK_WINDOW, spec.limit)
-        if scores_directly(len(spec.words), spec.thread_id is not None) or self._plans_every_term(
-            spec, n_docs, avg_len, k
-        ):
-            # one thread holds few messages, one or two words gain less from pruning than
-            # the statistics cost, and the hints may say the plan would take every term:
-            # score every candidate, counting df in the same query (no statistics
-            # statement), exact either way
-            sql, params = (
-                one_term_sql(self.database, spec, (n_docs, avg_len), k)
-                if len(spec.words) == 1
-                else score_sql(self.database, spec, None, (n_docs, avg_len), spec.words, k)
-            )
-            best = await self.engine.rows(sql, params)
-            dfs = _ints(best[0][7]) if best else []
-            if spec.thread_id is None and len(spec.words) == 1:
-                self._hint(
-                    spec,
-                    {
-                        spec.words[0]: single_term_stats(
-                            dfs[0] if dfs else 0, [float(str(r[3])) for r in best], n_docs
-                        )
-                    },
-                )
+        index = self.lexical_index()
+        if index is not None and not index.filling:
+            candidates, dfs = await self._index_best(index, spec, (n_docs, avg_len), k)
         else:
-            best, dfs = await self._pruned_best(spec, (n_docs, avg_len), k)
+            candidates, dfs = await self._posting_best(spec, (n_docs, avg_len), k)
         ranked = rerank(
             spec.words,
-            [
-                (
-                    str(t),
-                    int(str(o)),
-                    int(str(ms)),
-                    float(str(s)),
-                    _ints(tf),
-                    int(str(ln)),
-                    [_ints(p) for p in _lists(pos)],
-                )
-                for t, o, ms, s, tf, ln, pos, *_ in best
-            ],
+            candidates,
             PROXIMITY_WINDOW,
             PROXIMITY_BOOST,
             spec.limit,
@@ -731,6 +928,9 @@ class MessageStore:
         Returns the message rows that were stored. Idempotent."""
         stored = 0
         unique = list(dict.fromkeys(threads))
+        index = self.lexical_index()
+        if index is not None:  # filled or filling (a fill reads what is left)
+            await index.delete_threads([thread_key(a, g, t) for a, g, t in unique])
         # the text table whenever it is there, filled or filling
         (has_text,) = await self._tables(TEXT_TABLE)
         for i in range(0, len(unique), ERASE_CHUNK):
@@ -763,6 +963,17 @@ class MessageStore:
         )
         return [(str(r[0]), str(r[1])) for r in rows]
 
+    async def close(self) -> None:
+        """Commit and close the lexical indexes under this store's ``index_root`` (the
+        engine is closed by its owner)."""
+        if self.index_root is not None:
+            await close_indexes(self.index_root)
+
+    async def drop_index(self, database: str) -> None:
+        """Delete ``database``'s lexical index (a dropped or rebuilt generation's)."""
+        if self.index_root is not None:
+            await drop_index(self.index_root / database)
+
     async def optimize(self) -> None:
         """Force merges now (collapses duplicates on disk). For operators and tests; search
         never depends on it."""
@@ -787,6 +998,20 @@ def _query_weight(hits: Sequence[SearchHit]) -> float:
 def _no_lexical_parts() -> dict[str, object]:
     """The BM25 parts of a message found by the dense side only."""
     return {"bm25": 0.0, "proximity": 0.0, "terms": {}}
+
+
+def _index_rows(messages: pa.Table) -> list[IndexRow]:
+    """A parsed batch's rows (:data:`~.rows.MESSAGES_SCHEMA`) as lexical index rows (the
+    terms analyzed on the index's thread)."""
+    created = pc.cast(messages.column("created_at"), pa.int64()).to_pylist()
+    cols = [
+        messages.column(c).to_pylist()
+        for c in ("account_id", "agent_id", "thread_id", "offset", "content")
+    ]
+    return [
+        IndexRow(a, g, t, o, ms, c)
+        for (a, g, t, o, c), ms in zip(zip(*cols, strict=True), created, strict=True)
+    ]
 
 
 def _strings(value: object) -> list[str]:

@@ -1,0 +1,405 @@
+"""The transcript's lexical index: Tantivy, beside ClickHouse, for the BM25 side of search.
+
+ClickHouse stays the record (messages, their text, thread owners, vectors, and the posting
+lists a ClickHouse server deployment searches). With embedded chdb, every stored message is
+also a document of a Tantivy index in ``<root>/<database>`` (one per generation), holding
+its analyzed terms (the project's analyzer, :mod:`memstream.projections.analyzer`) with
+their positions, its tenancy ids and its key. A search asks Tantivy for its best
+:data:`CANDIDATES` (a block-max WAND over the posting lists, in Rust, no SQL to plan) and
+re-scores them with the project's own statistics (df over what the caller may see, the
+agent's message count and average length), so scores never carry a statistic of text the
+caller may not read (docs/transcript-search.md, "Who sees what").
+
+Guarantees:
+
+- :meth:`LexicalIndex.upsert` is idempotent (delete by key, then add): a redelivered or
+  replayed batch leaves one document per message. Durable and visible on return (committed,
+  searcher reloaded).
+- :meth:`LexicalIndex.best` is exact -- the same rows, scores and order as scoring every
+  visible match -- when the matches are at most :data:`CANDIDATES`; beyond that the best
+  ``k`` of Tantivy's best :data:`CANDIDATES` (its own BM25: the same formula with df over
+  every document), re-scored exactly (measured at 1M: the same relevance at every rank for
+  200 of 200 queries, ``bench/lexical_engines.py``).
+- One writer per directory (Tantivy's lock): indexes are opened once per path per process
+  (:func:`open_index`), and every call runs on the index's own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from memstream.projections.analyzer import stem, tokens
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CANDIDATES: Final = 300
+"""Tantivy hits re-scored per search: 3x the ranking window (measured enough at 1M)."""
+FILLING: Final = "filling"
+"""A marker file in an index directory: the index is being (or waits to be) filled from
+ClickHouse; searches use the posting lists meanwhile and writes skip it."""
+WRITER_HEAP: Final = 64_000_000
+_STEMS: dict[str, str] = {}
+_STEMS_MAX: Final = 500_000
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """One message as the index holds it."""
+
+    account_id: str
+    agent_id: str
+    thread_id: str
+    offset: int
+    created_ms: int
+    content: str
+    terms: Sequence[str] | None = None
+    """Already analyzed (read from ClickHouse's ``terms``); None: analyzed here from
+    ``content`` (:func:`document_terms`, the same analysis)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexHit:
+    """One re-scored candidate: the columns the scoring statements return."""
+
+    thread_id: str
+    offset: int
+    created_ms: int
+    bm25: float
+    tf: tuple[int, ...]
+    length: int
+    positions: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexResult:
+    hits: list[IndexHit]
+    dfs: list[int]
+    exact: bool
+    """Whether every visible match was re-scored (at most :data:`CANDIDATES`)."""
+
+
+def document_terms(text: str) -> list[str]:
+    """:func:`memstream.projections.analyzer.terms`, with the stems cached (a Zipf
+    vocabulary: 4 us a message instead of 68)."""
+    out = []
+    for w in tokens(text):
+        s = _STEMS.get(w)
+        if s is None:
+            if len(_STEMS) >= _STEMS_MAX:
+                _STEMS.clear()
+            s = _STEMS[w] = stem(w)
+        out.append(s)
+    return out
+
+
+def thread_key(account_id: str, agent_id: str, thread_id: str) -> str:
+    return f"{account_id}/{agent_id}/{thread_id}"
+
+
+def _schema() -> Any:
+    import tantivy
+
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("key", tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("thread_key", tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("account_id", tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("agent_id", tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("thread_id", tokenizer_name="raw", index_option="basic", stored=True)
+    sb.add_unsigned_field("offset", stored=True)
+    sb.add_integer_field("created_ms", stored=True, fast=True)
+    # the terms joined by spaces (no term holds an ASCII space: it separates), split back
+    # on spaces only, so Tantivy's terms and positions are the analyzer's
+    sb.add_text_field("body", stored=True, tokenizer_name="terms", index_option="position")
+    return sb.build()
+
+
+class LexicalIndex:
+    """The Tantivy index of one database's messages, at ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        import tantivy
+
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        fresh = not (path / "meta.json").exists()
+        self._tantivy = tantivy
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tantivy")
+        # newest first inside a segment: documents of equal score come back newest first
+        self._index = tantivy.Index(
+            _schema(),
+            path=str(path),
+            reuse=True,
+            sort_by_field="created_ms",
+            sort_order=tantivy.Order.Desc,
+        )
+        self._index.register_tokenizer(
+            "terms", tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.regex(r"[^ ]+")).build()
+        )
+        self._schema = self._index.schema
+        self._writer: Any = None
+        self._closed = False
+        if fresh:  # not filled yet: the messages already stored come first
+            self.mark_filling()
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def _w(self) -> Any:
+        if self._writer is None:
+            self._writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        return self._writer
+
+    @property
+    def filling(self) -> bool:
+        return (self.path / FILLING).exists()
+
+    def mark_filling(self) -> None:
+        (self.path / FILLING).touch()
+
+    def _clear_filling(self) -> None:
+        (self.path / FILLING).unlink(missing_ok=True)
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def _add(self, rows: Iterable[IndexRow]) -> int:
+        tv = self._tantivy
+        w = self._w()
+        n = 0
+        for r in rows:
+            key = f"{r.account_id}/{r.agent_id}/{r.thread_id}/{r.offset}"
+            w.delete_documents_by_term("key", key)
+            terms = r.terms if r.terms is not None else document_terms(r.content)
+            if not terms:  # matches nothing: nothing to index
+                continue
+            doc = tv.Document()
+            doc.add_text("key", key)
+            doc.add_text("thread_key", thread_key(r.account_id, r.agent_id, r.thread_id))
+            doc.add_text("account_id", r.account_id)
+            doc.add_text("agent_id", r.agent_id)
+            doc.add_text("thread_id", r.thread_id)
+            doc.add_unsigned("offset", r.offset)
+            doc.add_integer("created_ms", r.created_ms)
+            doc.add_text("body", " ".join(terms))
+            w.add_document(doc)
+            n += 1
+        return n
+
+    def _commit(self) -> None:
+        self._w().commit()
+        self._index.reload()
+
+    async def upsert(self, rows: Sequence[IndexRow]) -> int:
+        """Index ``rows`` (replacing any document of the same message); committed and
+        searchable on return. Returns the documents added (messages with terms)."""
+        if not rows or self.filling:
+            return 0
+
+        def go() -> int:
+            n = self._add(rows)
+            self._commit()
+            return n
+
+        return await self._run(go)
+
+    async def fill(self, batches: Callable[[], Any]) -> int:
+        """Replace the whole index with the rows of ``batches`` (an async iterator factory
+        of :class:`IndexRow` lists, read from ClickHouse), under the filling marker: an
+        interrupted fill runs again at the next start."""
+        self.mark_filling()
+        await self._run(lambda: self._w().delete_all_documents())
+        n = 0
+        async for rows in batches():
+            n += await self._run(functools.partial(self._add, rows))
+        await self._run(self._commit)
+        self._clear_filling()
+        return n
+
+    async def delete_threads(self, keys: Sequence[str]) -> None:
+        """Delete every document of the threads at ``keys`` (:func:`thread_key`)."""
+        if not keys:
+            return
+
+        def go() -> None:
+            w = self._w()
+            for k in keys:
+                w.delete_documents_by_term("thread_key", k)
+            self._commit()
+
+        await self._run(go)
+
+    # --- search ----------------------------------------------------------------------------
+
+    async def best(
+        self,
+        account_id: str,
+        agent_id: str,
+        thread_id: str | None,
+        words: Sequence[str],
+        hidden: Sequence[str],
+        stats: tuple[float, float],
+        k: int,
+        bm25: tuple[float, float],
+    ) -> IndexResult:
+        """BM25's best ``k`` visible messages for ``words`` (in the account and agent, or in
+        ``thread_id``; never in the threads at ``hidden`` thread keys), scored with the
+        agent's ``stats`` (messages, average length) and ``bm25`` (k1, b), ordered by score,
+        then newest, then higher offset, then thread id; with each word's df over the
+        visible messages in scope."""
+        return await self._run(
+            lambda: self._best(account_id, agent_id, thread_id, words, hidden, stats, k, bm25)
+        )
+
+    def _best(
+        self,
+        account_id: str,
+        agent_id: str,
+        thread_id: str | None,
+        words: Sequence[str],
+        hidden: Sequence[str],
+        stats: tuple[float, float],
+        k: int,
+        bm25: tuple[float, float],
+    ) -> IndexResult:
+        tv = self._tantivy
+        Q, Occur, schema = tv.Query, tv.Occur, self._schema
+        searcher = self._index.searcher()
+        if thread_id is not None:
+            scope = [
+                (
+                    Occur.Must,
+                    Q.const_score_query(
+                        Q.term_query(
+                            schema, "thread_key", thread_key(account_id, agent_id, thread_id)
+                        ),
+                        0.0,
+                    ),
+                )
+            ]
+        else:
+            scope = [
+                (
+                    Occur.Must,
+                    Q.const_score_query(Q.term_query(schema, "account_id", account_id), 0.0),
+                ),
+                (Occur.Must, Q.const_score_query(Q.term_query(schema, "agent_id", agent_id), 0.0)),
+            ]
+        if hidden:
+            scope.append((Occur.MustNot, Q.term_set_query(schema, "thread_key", list(hidden))))
+
+        def count(q: Any) -> int:
+            return _count(
+                searcher.search(Q.boolean_query([(Occur.Must, q), *scope]), 1, count=True)
+            )
+
+        dfs = [count(Q.term_query(schema, "body", w)) for w in words]
+        present = [w for w, df in zip(words, dfs, strict=True) if df]
+        if not present:
+            return IndexResult([], dfs, True)
+        should = Q.boolean_query([(Occur.Should, Q.term_query(schema, "body", w)) for w in present])
+        found = searcher.search(
+            Q.boolean_query([(Occur.Must, should), *scope]), CANDIDATES, count=True
+        )
+        n_docs, avg_len = stats
+        avg = max(avg_len, 1.0)
+        k1, b = bm25
+        idf = [math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) if df else 0.0 for df in dfs]
+        hits = []
+        for _score, address in found.hits:
+            doc = searcher.doc(address)
+            terms = str(doc.get_first("body")).split(" ")
+            positions = tuple(tuple(i for i, t in enumerate(terms) if t == w) for w in words)
+            tf = tuple(len(p) for p in positions)
+            length = len(terms)
+            score = sum(
+                i * f * (k1 + 1) / (f + k1 * (1 - b + b * length / avg))
+                for i, f in zip(idf, tf, strict=True)
+                if f
+            )
+            hits.append(
+                IndexHit(
+                    str(doc.get_first("thread_id")),
+                    int(str(doc.get_first("offset"))),
+                    int(str(doc.get_first("created_ms"))),
+                    score,
+                    tf,
+                    length,
+                    positions,
+                )
+            )
+        hits.sort(key=lambda h: (-h.bm25, -h.created_ms, -h.offset, h.thread_id))
+        return IndexResult(hits[:k], dfs, _count(found) <= CANDIDATES)
+
+    async def count(self) -> int:
+        return await self._run(lambda: int(self._index.searcher().num_docs))
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        def go() -> None:
+            if self._writer is not None:
+                self._writer.commit()
+                self._writer.wait_merging_threads()
+                self._writer = None
+
+        await self._run(go)
+        self._pool.shutdown(wait=True)
+
+
+def _count(result: Any) -> int:
+    """A search's match count (``count=True``; the stubs omit the attribute)."""
+    return int(result.count)
+
+
+_OPEN: dict[Path, LexicalIndex] = {}
+
+
+def open_index(path: Path) -> LexicalIndex:
+    """The process's one :class:`LexicalIndex` at ``path`` (Tantivy allows one writer per
+    directory; a replay opens its target's index many times)."""
+    path = path.resolve()
+    index = _OPEN.get(path)
+    if index is None or index._closed:
+        index = _OPEN[path] = LexicalIndex(path)
+    return index
+
+
+async def close_indexes(root: Path) -> None:
+    """Close every index this process opened under ``root``."""
+    root = root.resolve()
+    for path in [p for p in _OPEN if p.parent == root]:
+        await _OPEN.pop(path).close()
+
+
+async def drop_index(path: Path) -> None:
+    """Close and delete the index at ``path`` (a dropped generation's)."""
+    path = path.resolve()
+    index = _OPEN.pop(path, None)
+    if index is not None:
+        await index.close()
+    await asyncio.to_thread(shutil.rmtree, path, True)
+
+
+def available() -> bool:
+    """Whether Tantivy is installed (the ``embedded`` extra)."""
+    try:
+        import tantivy  # noqa: F401
+    except ImportError:
+        return False
+    return True
