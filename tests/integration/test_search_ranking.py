@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest_asyncio
+
 from memstream.agents_ctx.journal_tools import journal_message_search
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.projections.analyzer import query_terms, terms, terms_sql
@@ -13,6 +15,13 @@ from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.schemas.records import Caller
 from tests.integration.test_transcript_search import m, project, search
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def message_store(any_store: MessageStore) -> MessageStore:
+    """Every test here runs on both lexical paths: the posting lists and the index."""
+    return any_store
+
 
 # A long two-speaker conversation: the evidence turns are buried among everyday chatter.
 FILLER = [

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import pytest_asyncio
 
 from memstream.agents_ctx.journal_tools import journal_message_search
 from memstream.errors import InvalidRequest
@@ -15,6 +16,13 @@ from memstream.projections.messages import MessageStore
 from memstream.schemas.events import message_appended
 from memstream.schemas.records import Caller, Message, ToolCall
 from memstream.streams.message_projector import rows_of_batch
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def message_store(any_store: MessageStore) -> MessageStore:
+    """Every test here runs on both lexical paths: the posting lists and the index."""
+    return any_store
+
 
 T0 = datetime(2026, 2, 1, tzinfo=UTC)
 

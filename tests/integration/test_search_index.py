@@ -1,0 +1,203 @@
+"""Transcript search through the lexical index (Tantivy beside chdb) on real engines: it
+ranks like scoring every candidate in ClickHouse, privacy holds the moment a thread gains a
+user, redeliveries leave one copy, erasure removes a thread, an index is filled at start
+(again after an interrupted fill), a replay's target is filled once by its seal and a
+dropped generation's index goes with it."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+
+import pytest
+
+from memstream.errors import InvalidRequest
+from memstream.infra.settings import Settings
+from memstream.projections.messages import MessageStore, index_root
+from memstream.projections.messages.chdb_engine import ChdbEngine
+from memstream.projections.messages.lexical_index import CANDIDATES, FILLING, close_indexes
+from memstream.projections.messages.sql import SearchSpec, query_words
+from memstream.projections.replay_sinks import MessagesSink
+from memstream.schemas.events import encode, message_appended
+from memstream.schemas.records import Caller
+from tests.integration.test_search_postings import WORDS, _corpus
+from tests.integration.test_transcript_search import m, project, search
+
+
+async def _pair(chdb_engine: ChdbEngine, root: Path) -> tuple[MessageStore, MessageStore]:
+    """The same database through the index and through the posting lists."""
+    db = f"t_{uuid.uuid4().hex[:12]}"
+    indexed = MessageStore(chdb_engine, db, index_root=root)
+    await indexed.ensure_schema()
+    return indexed, MessageStore(chdb_engine, db)
+
+
+def _ranked(hits: list) -> list[tuple[str, int, float]]:  # type: ignore[type-arg]
+    return [(h.thread_id, h.offset, round(h.relevance, 9)) for h in hits]
+
+
+async def test_the_index_ranks_like_the_posting_lists(
+    chdb_engine: ChdbEngine, tmp_path: Path
+) -> None:
+    """Zipf words over 12 threads (three private), a redelivered copy of a third of the
+    turns: every search answers the same hits, relevance and order through both paths
+    when its matches fit the candidates, and the same relevance at every rank when they
+    do not (common words); df in explain the same, never counting hidden threads."""
+    rng = random.Random(7)
+    msgs = _corpus(rng)
+    indexed, postings = await _pair(chdb_engine, tmp_path / "tv")
+    await project(indexed, msgs)
+    await project(indexed, msgs[::3])  # redelivered
+    exact = beyond = 0
+    for q in range(60):
+        words = " ".join(rng.sample(WORDS, rng.randint(1, 4)))
+        user = ("u3", None, "u7")[q % 3]
+        thread = f"t{q % 12}" if q % 4 == 0 else None
+        spec = SearchSpec("acc", "ag", user, query_words(words), 10, thread_id=thread, explain=True)
+        mine, theirs = await indexed.lexical_search(spec), await postings.lexical_search(spec)
+        assert [h.explain["terms"] for h in mine] == [h.explain["terms"] for h in theirs]  # type: ignore[index]
+        n_docs, avg = await indexed.collection_stats("acc", "ag")
+        index = indexed.lexical_index()
+        assert index is not None
+        hidden = await indexed._hidden_threads("acc", "ag", user or "")  # noqa: SLF001
+        found = await index.best(
+            "acc", "ag", thread, spec.words, hidden, (n_docs, avg), 100, (1.2, 0.75)
+        )
+        if found.exact:
+            exact += 1
+            assert _ranked(mine) == _ranked(theirs), words
+        else:
+            beyond += 1
+            assert [r for _, _, r in _ranked(mine)] == [r for _, _, r in _ranked(theirs)], words
+        for h in mine:  # private threads only for their users
+            assert h.thread_id not in {"t3", "t7", "t11"} or h.thread_id == f"t{(user or 'x')[1:]}"
+    assert exact >= 10 and beyond >= 10  # both regimes ran (candidates: CANDIDATES)
+    assert CANDIDATES >= 100
+
+
+async def test_a_thread_that_gains_a_user_is_hidden_at_once(indexed_store: MessageStore) -> None:
+    """A thread with anonymous turns becomes alice's with her first turn: from then on
+    neither bob nor an anonymous caller finds any of its turns (the privacy filter's owner
+    map follows the write), and alice finds them all."""
+    await project(
+        indexed_store, [m("t", 0, "user", "pelican migration"), m("u", 0, "user", "pelican")]
+    )
+    anon = Caller("acc", "ag", None)
+    assert {t for t, _ in await search(indexed_store, anon, query="pelican")} == {"t", "u"}
+    await project(indexed_store, [m("t", 1, "user", "more about the pelican", user="alice")])
+    for caller in (anon, Caller("acc", "ag", "bob")):
+        assert await search(indexed_store, caller, query="pelican migration") == [("u", 0)]
+    alice = Caller("acc", "ag", "alice")
+    assert sorted(await search(indexed_store, alice, query="pelican")) == [
+        ("t", 0),
+        ("t", 1),
+        ("u", 0),
+    ]
+
+
+async def test_redelivered_bulk_batches_leave_one_copy(indexed_store: MessageStore) -> None:
+    """The bulk path (raw journal records) writes the index too; the same batch twice,
+    then again inside a bigger one, leaves one document per message."""
+    msgs = [m(f"t{i % 5}", i, "user", f"walrus {WORDS[i % 60]}", minutes=i) for i in range(1_200)]
+    values = [encode(message_appended(x, ts=1)) for x in msgs]
+    for batch in (values[:1_100], values[:1_100], values):
+        assert await indexed_store.write_journal_batch(batch) is not None
+    index = indexed_store.lexical_index()
+    assert index is not None and await index.count() == 1_200  # deleted copies not counted
+    hits = await search(indexed_store, query="walrus", limit=50)
+    assert len(hits) == len(set(hits)) == 50
+    spec = SearchSpec("acc", "ag", None, query_words("walrus"), 10, explain=True)
+    (top, *_) = await indexed_store.lexical_search(spec)
+    assert top.explain["terms"]["walrus"]["df"] == 1_200  # type: ignore[index]
+
+
+async def test_erasure_removes_the_thread_from_the_index(indexed_store: MessageStore) -> None:
+    await project(
+        indexed_store,
+        [m("a", 0, "user", "secret narwhal", user="u1"), m("b", 0, "user", "narwhal facts")],
+    )
+    u1 = Caller("acc", "ag", "u1")
+    assert sorted(await search(indexed_store, u1, query="narwhal")) == [("a", 0), ("b", 0)]
+    await indexed_store.erase_threads([("acc", "ag", "a")])
+    assert await search(indexed_store, u1, query="narwhal") == [("b", 0)]
+    assert await search(indexed_store, u1, query="secret") == []
+
+
+async def test_an_index_is_filled_at_start_and_again_after_an_interrupted_fill(
+    chdb_engine: ChdbEngine, tmp_path: Path
+) -> None:
+    """A database searched by the posting lists gains an index at the next start, filled
+    from its rows (searches use the posting lists until then); a fill that stopped (its
+    marker left) runs again; a restarted process reopens the filled index as it is."""
+    db = f"t_{uuid.uuid4().hex[:12]}"
+    plain = MessageStore(chdb_engine, db)
+    await plain.ensure_schema()
+    msgs = _corpus(random.Random(5))[:300]
+    await project(plain, msgs)
+    before = await search(plain, query="w7 w30", limit=20)
+    root = tmp_path / "tv"
+    indexed = MessageStore(chdb_engine, db, index_root=root)
+    await indexed.ensure_schema()
+    index = indexed.lexical_index()
+    assert index is not None and not index.filling and await index.count() == 300
+    assert await search(indexed, query="w7 w30", limit=20) == before
+    (root / db / FILLING).touch()  # a fill interrupted by a crash
+    await close_indexes(root)
+    again = MessageStore(chdb_engine, db, index_root=root)
+    assert await search(again, query="w7 w30", limit=20) == before  # posting lists meanwhile
+    await again.ensure_schema()
+    index = again.lexical_index()
+    assert index is not None and not index.filling and await index.count() == 300
+    await close_indexes(root)
+    restarted = MessageStore(chdb_engine, db, index_root=root)
+    await restarted.ensure_schema()  # filled: not filled again
+    assert await search(restarted, query="w7 w30", limit=20) == before
+    await close_indexes(root)
+
+
+async def test_a_replay_fills_its_target_index_once_and_drops_the_old_one(
+    chdb_engine: ChdbEngine, tmp_path: Path
+) -> None:
+    root = tmp_path / "tv"
+    base = f"t_{uuid.uuid4().hex[:8]}"
+    live = MessageStore(chdb_engine, f"{base}", index_root=root)
+    await live.ensure_schema()
+    msgs = _corpus(random.Random(9))[:400]
+    await project(live, msgs)
+    before = await search(live, Caller("acc", "ag", "u3"), query="w2 w40", limit=30)
+    sink = MessagesSink(live, base)
+    await sink.prepare(2, fresh=True)
+    target = sink.store(2)
+    target_index = target.lexical_index()
+    assert target_index is not None and target_index.filling  # loaded without it
+    await project(target, msgs[:250])
+    assert await target_index.count() == 0
+    await sink.seal(2)
+    await sink.seal(2)  # a resumed seal: filled once
+    await project(target, msgs[250:])  # the hand-over's writes: into the index
+    assert await target_index.count() == 400
+    await sink.switch(2)
+    assert live.database == f"{base}_v2"
+    assert await search(live, Caller("acc", "ag", "u3"), query="w2 w40", limit=30) == before
+    assert (root / base).exists()
+    await sink.drop(1)
+    assert not (root / base).exists()
+    assert await search(live, Caller("acc", "ag", "u3"), query="w2 w40", limit=30) == before
+    await close_indexes(root)
+
+
+def test_the_index_is_chosen_by_the_settings(tmp_path: Path) -> None:
+    """``auto``: the index with embedded chdb; a ClickHouse server or ``clickhouse``: the
+    posting lists; ``tantivy`` with a server is refused, naming the setting."""
+    s = Settings(data_dir=str(tmp_path))
+    assert index_root(s) == s.resolved_data_dir() / "tantivy"
+    assert index_root(Settings(data_dir=str(tmp_path), transcript_index="clickhouse")) is None
+    assert index_root(Settings(data_dir=str(tmp_path), clickhouse_url="http://ch:8123")) is None
+    with pytest.raises(InvalidRequest) as e:
+        index_root(
+            Settings(
+                data_dir=str(tmp_path), clickhouse_url="http://ch:8123", transcript_index="tantivy"
+            )
+        )
+    assert e.value.field == "transcript_index"
