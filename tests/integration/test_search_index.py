@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memstream.errors import InvalidRequest
+from memstream.errors import InvalidRequest, RetryableInfraError
 from memstream.infra.settings import Settings
 from memstream.projections.messages import MessageStore, index_root
 from memstream.projections.messages.chdb_engine import ChdbEngine
@@ -201,3 +201,25 @@ def test_the_index_is_chosen_by_the_settings(tmp_path: Path) -> None:
             )
         )
     assert e.value.field == "transcript_index"
+
+
+async def test_a_failed_insert_leaves_nothing_in_the_index(indexed_store: MessageStore) -> None:
+    """The insert and the index's upsert run side by side; when the insert fails the
+    upserted documents are taken back, so a search never counts or returns a message
+    ClickHouse does not hold; the retried batch lands in both."""
+    real = indexed_store.engine.insert_arrow
+
+    async def failing(database: str, table: str, data: object) -> int:
+        if table == "messages":
+            raise RetryableInfraError("chdb: the insert failed")
+        return await real(database, table, data)  # type: ignore[arg-type]
+
+    indexed_store.engine.insert_arrow = failing  # type: ignore[method-assign]
+    with pytest.raises(RetryableInfraError):
+        await project(indexed_store, [m("t", 0, "user", "ocelot sightings")])
+    index = indexed_store.lexical_index()
+    assert index is not None and await index.count() == 0
+    assert await search(indexed_store, query="ocelot") == []
+    indexed_store.engine.insert_arrow = real  # type: ignore[method-assign]
+    await project(indexed_store, [m("t", 0, "user", "ocelot sightings")])
+    assert await search(indexed_store, query="ocelot") == [("t", 0)]

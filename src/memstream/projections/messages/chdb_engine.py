@@ -78,6 +78,20 @@ class ChdbEngine:
 
         return await self._run(go)
 
+    async def arrow(self, sql: str, params: Mapping[str, SqlParam]) -> pa.Table:
+        bound = bind_for_text(params)
+
+        def go() -> pa.Table:
+            conn = self._connection()
+            try:
+                return conn.query(sql, "Arrowtable", params=bound)
+            except Exception:
+                with contextlib.suppress(Exception):  # see query_input_arrow
+                    conn.query("SELECT 1", "CSV")
+                raise
+
+        return await self._run(go)
+
     async def insert_arrow(self, database: str, table: str, data: pa.Table) -> int:
         stmt = f"INSERT INTO {check_database(database)}.{check_database(table)}"
 

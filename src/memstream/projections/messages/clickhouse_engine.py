@@ -51,6 +51,13 @@ class ClickHouseConnectEngine:
             raise RetryableInfraError(f"clickhouse: {e}") from e
         return [tuple(r) for r in res.result_rows]
 
+    async def arrow(self, sql: str, params: Mapping[str, SqlParam]) -> pa.Table:
+        client = await self._get()
+        try:
+            return await client.query_arrow(sql, parameters=dict(params))
+        except Exception as e:
+            raise RetryableInfraError(f"clickhouse: {e}") from e
+
     async def insert_arrow(self, database: str, table: str, data: pa.Table) -> int:
         client = await self._get()
         try:

@@ -27,6 +27,10 @@ class ClickHouseEngine(Protocol):
         """Run a query with bound ``{name:Type}`` parameters; all result rows."""
         ...
 
+    async def arrow(self, sql: str, params: Mapping[str, SqlParam]) -> pa.Table:
+        """:meth:`rows` as an Arrow table (bulk reads: no per-value decoding in Python)."""
+        ...
+
     async def insert_arrow(self, database: str, table: str, data: pa.Table) -> int:
         """Insert an Arrow table; returns once the insert is committed (durable on return).
         Returns the number of rows written."""

@@ -67,6 +67,11 @@ class IndexRow:
     """Already analyzed (read from ClickHouse's ``terms``); None: analyzed here from
     ``content`` (:func:`document_terms`, the same analysis)."""
 
+    @property
+    def key(self) -> str:
+        """The message's key (``account/agent/thread/offset``; ids never hold ``/``)."""
+        return f"{self.account_id}/{self.agent_id}/{self.thread_id}/{self.offset}"
+
 
 @dataclass(frozen=True, slots=True)
 class IndexHit:
@@ -174,13 +179,16 @@ class LexicalIndex:
 
     # --- writes ----------------------------------------------------------------------------
 
-    def _add(self, rows: Iterable[IndexRow]) -> int:
+    def _add(self, rows: Iterable[IndexRow], *, replace: bool = True) -> int:
+        """Add ``rows``; ``replace``: each after deleting any document of the same key (a
+        fill into an emptied index has none to delete)."""
         tv = self._tantivy
         w = self._w()
         n = 0
         for r in rows:
-            key = f"{r.account_id}/{r.agent_id}/{r.thread_id}/{r.offset}"
-            w.delete_documents_by_term("key", key)
+            key = r.key
+            if replace:
+                w.delete_documents_by_term("key", key)
             terms = r.terms if r.terms is not None else document_terms(r.content)
             if not terms:  # matches nothing: nothing to index
                 continue
@@ -216,16 +224,29 @@ class LexicalIndex:
 
     async def fill(self, batches: Callable[[], Any]) -> int:
         """Replace the whole index with the rows of ``batches`` (an async iterator factory
-        of :class:`IndexRow` lists, read from ClickHouse), under the filling marker: an
-        interrupted fill runs again at the next start."""
+        of :class:`IndexRow` lists, read from ClickHouse, one row per message), under the
+        filling marker: an interrupted fill runs again at the next start."""
         self.mark_filling()
         await self._run(lambda: self._w().delete_all_documents())
         n = 0
         async for rows in batches():
-            n += await self._run(functools.partial(self._add, rows))
+            n += await self._run(functools.partial(self._add, rows, replace=False))
         await self._run(self._commit)
         self._clear_filling()
         return n
+
+    async def delete_keys(self, keys: Sequence[str]) -> None:
+        """Delete the documents of the messages at ``keys`` (:attr:`IndexRow.key`)."""
+        if not keys:
+            return
+
+        def go() -> None:
+            w = self._w()
+            for k in keys:
+                w.delete_documents_by_term("key", k)
+            self._commit()
+
+        await self._run(go)
 
     async def delete_threads(self, keys: Sequence[str]) -> None:
         """Delete every document of the threads at ``keys`` (:func:`thread_key`)."""

@@ -24,6 +24,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -246,20 +247,31 @@ class MessageStore:
         async def batches() -> AsyncIterator[list[IndexRow]]:
             after: tuple[str, str, str, int] = ("", "", "", -1)
             while True:
-                rows = await self.engine.rows(
+                table = await self.engine.arrow(
                     f"""SELECT account_id, agent_id, thread_id, `offset`,
-       toUnixTimestamp64Milli(created_at), terms
+       toUnixTimestamp64Milli(created_at) AS created_ms, terms
 FROM {db}.messages FINAL
 WHERE (account_id, agent_id, thread_id, `offset`) > ({{a:String}}, {{g:String}}, {{t:String}}, {{o:Int64}})
 ORDER BY account_id, agent_id, thread_id, `offset`
 LIMIT {INDEX_FILL_BATCH}""",
                     {"a": after[0], "g": after[1], "t": after[2], "o": after[3]},
                 )
-                if not rows:
+                if not table.num_rows:
                     return
+                cols = [
+                    table.column(c).to_pylist()
+                    for c in (
+                        "account_id",
+                        "agent_id",
+                        "thread_id",
+                        "offset",
+                        "created_ms",
+                        "terms",
+                    )
+                ]
                 out = [
-                    IndexRow(str(a), str(g), str(t), int(str(o)), int(str(ms)), "", _strings(terms))
-                    for a, g, t, o, ms, terms in rows
+                    IndexRow(a, g, t, o, ms, "", terms)
+                    for a, g, t, o, ms, terms in zip(*cols, strict=True)
                 ]
                 last = out[-1]
                 after = (last.account_id, last.agent_id, last.thread_id, last.offset)
@@ -423,24 +435,47 @@ LIMIT {INDEX_FILL_BATCH}""",
             await self.engine.insert_arrow(self.database, "thread_users", owners)
             await self._owners_written(owners)
         table = messages_table(rows)
-        # the engine's count includes the rows the postings view wrote
-        await self.engine.insert_arrow(self.database, "messages", table)
         index = self.lexical_index()
-        if index is not None:
-            await index.upsert(
-                [
-                    IndexRow(
-                        r.account_id,
-                        r.agent_id,
-                        r.thread_id,
-                        r.offset,
-                        int(r.created_at.timestamp() * 1000),
-                        r.content,
-                    )
-                    for r in rows
-                ]
-            )
+        await self._insert_messages(
+            table,
+            index,
+            [
+                IndexRow(
+                    r.account_id,
+                    r.agent_id,
+                    r.thread_id,
+                    r.offset,
+                    int(r.created_at.timestamp() * 1000),
+                    r.content,
+                )
+                for r in rows
+            ]
+            if index is not None
+            else [],
+        )
         return int(table.num_rows)
+
+    async def _insert_messages(
+        self, table: pa.Table, index: LexicalIndex | None, index_rows: Sequence[IndexRow]
+    ) -> None:
+        """The ``messages`` insert (its views write the postings and the text) and the
+        lexical index's upsert, side by side (each on its own thread); durable when both
+        have returned. Both after the owners: a message is never searchable before its
+        thread's privacy is known."""
+        insert = self.engine.insert_arrow(self.database, "messages", table)
+        if index is None:
+            await insert
+            return
+        inserted, indexed = await asyncio.gather(
+            insert, index.upsert(index_rows), return_exceptions=True
+        )
+        if isinstance(inserted, BaseException):
+            # nothing in the index that ClickHouse does not hold (the batch is retried)
+            with contextlib.suppress(Exception):
+                await index.delete_keys([r.key for r in index_rows])
+            raise inserted
+        if isinstance(indexed, BaseException):
+            raise indexed
 
     async def write_journal_batch(self, values: Sequence[bytes]) -> ParsedBatch | None:
         """Project raw journal records (JSON envelopes) in bulk; durable on return.
@@ -504,10 +539,10 @@ LIMIT {INDEX_FILL_BATCH}""",
             await self.engine.insert_arrow(self.database, "thread_users", batch.owners)
             await self._owners_written(batch.owners)
         if batch.messages.num_rows:
-            await self.engine.insert_arrow(self.database, "messages", batch.messages)
             index = self.lexical_index()
-            if index is not None:
-                await index.upsert(_index_rows(batch.messages))
+            await self._insert_messages(
+                batch.messages, index, _index_rows(batch.messages) if index is not None else []
+            )
         return int(batch.messages.num_rows)
 
     async def _owners_written(self, owners: pa.Table) -> None:
