@@ -203,7 +203,9 @@ def test_the_index_is_chosen_by_the_settings(tmp_path: Path) -> None:
     assert e.value.field == "transcript_index"
 
 
-async def test_a_failed_insert_leaves_nothing_in_the_index(indexed_store: MessageStore) -> None:
+async def test_a_failed_insert_leaves_nothing_in_the_index(
+    indexed_store: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The insert and the index's upsert run side by side; when the insert fails the
     upserted documents are taken back, so a search never counts or returns a message
     ClickHouse does not hold; the retried batch lands in both."""
@@ -214,12 +216,12 @@ async def test_a_failed_insert_leaves_nothing_in_the_index(indexed_store: Messag
             raise RetryableInfraError("chdb: the insert failed")
         return await real(database, table, data)  # type: ignore[arg-type]
 
-    indexed_store.engine.insert_arrow = failing  # type: ignore[method-assign]
+    monkeypatch.setattr(indexed_store.engine, "insert_arrow", failing)  # the session's engine
     with pytest.raises(RetryableInfraError):
         await project(indexed_store, [m("t", 0, "user", "ocelot sightings")])
     index = indexed_store.lexical_index()
     assert index is not None and await index.count() == 0
     assert await search(indexed_store, query="ocelot") == []
-    indexed_store.engine.insert_arrow = real  # type: ignore[method-assign]
+    monkeypatch.setattr(indexed_store.engine, "insert_arrow", real)
     await project(indexed_store, [m("t", 0, "user", "ocelot sightings")])
     assert await search(indexed_store, query="ocelot") == [("t", 0)]
