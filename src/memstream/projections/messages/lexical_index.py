@@ -48,7 +48,7 @@ CANDIDATES: Final = 300
 FILLING: Final = "filling"
 """A marker file in an index directory: the index is being (or waits to be) filled from
 ClickHouse; searches use the posting lists meanwhile and writes skip it."""
-WRITER_HEAP: Final = 64_000_000
+WRITER_HEAP: Final = 128_000_000
 _STEMS: dict[str, str] = {}
 _STEMS_MAX: Final = 500_000
 
@@ -63,9 +63,10 @@ class IndexRow:
     offset: int
     created_ms: int
     content: str
-    terms: Sequence[str] | None = None
-    """Already analyzed (read from ClickHouse's ``terms``); None: analyzed here from
-    ``content`` (:func:`document_terms`, the same analysis)."""
+    body: str | None = None
+    """The terms already analyzed and joined by spaces (ClickHouse's ``terms``, read by a
+    fill); None: analyzed here from ``content`` (:func:`document_terms`, the same
+    analysis)."""
 
     @property
     def key(self) -> str:
@@ -164,7 +165,7 @@ class LexicalIndex:
 
     def _w(self) -> Any:
         if self._writer is None:
-            self._writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=1)
+            self._writer = self._index.writer(heap_size=WRITER_HEAP, num_threads=2)
         return self._writer
 
     @property
@@ -189,8 +190,8 @@ class LexicalIndex:
             key = r.key
             if replace:
                 w.delete_documents_by_term("key", key)
-            terms = r.terms if r.terms is not None else document_terms(r.content)
-            if not terms:  # matches nothing: nothing to index
+            body = r.body if r.body is not None else " ".join(document_terms(r.content))
+            if not body:  # matches nothing: nothing to index
                 continue
             doc = tv.Document()
             doc.add_text("key", key)
@@ -200,7 +201,7 @@ class LexicalIndex:
             doc.add_text("thread_id", r.thread_id)
             doc.add_unsigned("offset", r.offset)
             doc.add_integer("created_ms", r.created_ms)
-            doc.add_text("body", " ".join(terms))
+            doc.add_text("body", body)
             w.add_document(doc)
             n += 1
         return n
@@ -229,8 +230,20 @@ class LexicalIndex:
         self.mark_filling()
         await self._run(lambda: self._w().delete_all_documents())
         n = 0
-        async for rows in batches():
-            n += await self._run(functools.partial(self._add, rows, replace=False))
+        source = batches().__aiter__()
+        # the next batch is read (ClickHouse's thread) while this one is added (the index's)
+        ahead: asyncio.Future[list[IndexRow]] = asyncio.ensure_future(anext(source))
+        while True:
+            try:
+                rows = await ahead
+            except StopAsyncIteration:
+                break
+            ahead = asyncio.ensure_future(anext(source))
+            try:
+                n += await self._run(functools.partial(self._add, rows, replace=False))
+            except BaseException:
+                ahead.cancel()
+                raise
         await self._run(self._commit)
         self._clear_filling()
         return n

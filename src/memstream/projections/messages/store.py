@@ -132,7 +132,7 @@ ERASE_CHUNK: Final = 500
 OWNER_MAPS_MAX: Final = 10_000
 """At most this many agents' thread owners kept in memory for the lexical index's privacy
 filter (re-read from ``thread_users`` when dropped)."""
-INDEX_FILL_BATCH: Final = 50_000
+INDEX_FILL_BATCH: Final = 200_000
 """Messages read from ClickHouse per step of a lexical index fill."""
 ERASE_KEYS: Final = 5_000
 """Text keys deleted by one statement (a few hundred KB of literals)."""
@@ -245,12 +245,14 @@ class MessageStore:
         started = time.perf_counter()
 
         async def batches() -> AsyncIterator[list[IndexRow]]:
+            # in key order without FINAL (3-4x cheaper a step): a message's unmerged copies
+            # are adjacent, and only the first is kept
             after: tuple[str, str, str, int] = ("", "", "", -1)
             while True:
                 table = await self.engine.arrow(
                     f"""SELECT account_id, agent_id, thread_id, `offset`,
-       toUnixTimestamp64Milli(created_at) AS created_ms, terms
-FROM {db}.messages FINAL
+       toUnixTimestamp64Milli(created_at) AS created_ms, arrayStringConcat(terms, ' ') AS body
+FROM {db}.messages
 WHERE (account_id, agent_id, thread_id, `offset`) > ({{a:String}}, {{g:String}}, {{t:String}}, {{o:Int64}})
 ORDER BY account_id, agent_id, thread_id, `offset`
 LIMIT {INDEX_FILL_BATCH}""",
@@ -260,21 +262,13 @@ LIMIT {INDEX_FILL_BATCH}""",
                     return
                 cols = [
                     table.column(c).to_pylist()
-                    for c in (
-                        "account_id",
-                        "agent_id",
-                        "thread_id",
-                        "offset",
-                        "created_ms",
-                        "terms",
-                    )
+                    for c in ("account_id", "agent_id", "thread_id", "offset", "created_ms", "body")
                 ]
-                out = [
-                    IndexRow(a, g, t, o, ms, "", terms)
-                    for a, g, t, o, ms, terms in zip(*cols, strict=True)
-                ]
-                last = out[-1]
-                after = (last.account_id, last.agent_id, last.thread_id, last.offset)
+                out = []
+                for a, g, t, o, ms, body in zip(*cols, strict=True):
+                    if (a, g, t, o) != after:
+                        out.append(IndexRow(a, g, t, o, ms, "", body))
+                        after = (a, g, t, o)
                 yield out
 
         n = await index.fill(batches)
