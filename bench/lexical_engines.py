@@ -205,6 +205,12 @@ async def main() -> None:
             f"{ts.pct(a, 50) / ts.pct(r, 50):.1f}x / {ts.pct(a, 99) / ts.pct(r, 99):.1f}x"
         )
 
+    # one untimed query per path and caller kind first: the owner map's load and the
+    # searcher's first reads are a start's cost, not a search's
+    for user in (None, "user0"):
+        warm = SearchSpec("acct", "agent", user, query_words(str(vocab[100])), 10)
+        for path in paths.values():
+            await path(warm)
     print(f"load average {os.getloadavg()[0]:.1f} at the start of the queries (p50 / p99)")
     for label, make in shapes.items():
         times: dict[str, list[float]] = {p: [] for p in paths}

@@ -132,6 +132,8 @@ ERASE_CHUNK: Final = 500
 OWNER_MAPS_MAX: Final = 10_000
 """At most this many agents' thread owners kept in memory for the lexical index's privacy
 filter (re-read from ``thread_users`` when dropped)."""
+HIDDEN_SETS_MAX: Final = 100_000
+"""At most this many (agent, caller) hidden-thread lists kept (computed again when dropped)."""
 INDEX_FILL_BATCH: Final = 200_000
 """Messages read from ClickHouse per step of a lexical index fill."""
 ERASE_KEYS: Final = 5_000
@@ -588,6 +590,8 @@ LIMIT {INDEX_FILL_BATCH}""",
                 for t, us in threads.items()
                 if user_id not in us
             )
+            if len(self._hidden) >= HIDDEN_SETS_MAX:
+                self._hidden.clear()
             self._hidden[(*key, user_id)] = hidden
             return hidden
 
