@@ -183,16 +183,7 @@ async def main() -> None:
     rng = np.random.default_rng(args.seed)
     vocab = ts.vocabulary(ts.VOCAB, rng)
 
-    def word(lo: int, hi: int) -> str:
-        return str(vocab[int(rng.integers(lo, hi))])
-
-    shapes = {
-        "1 common word (rank 50-200)": lambda: word(50, 200),
-        "1 mid word (rank 200-2000)": lambda: word(200, 2000),
-        "2 words (ranks 20-500)": lambda: f"{word(20, 500)} {word(20, 500)}",
-        "3 words (ranks 5-300)": lambda: f"{word(5, 300)} {word(5, 300)} {word(5, 300)}",
-        "1 rare word (rank 5000+)": lambda: word(5000, ts.VOCAB),
-    }
+    shapes = ts.query_shapes(vocab, rng)
     totals: dict[str, list[float]] = {p: [] for p in paths}
     same_hits = same_scores = compared = 0
 

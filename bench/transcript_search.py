@@ -438,6 +438,22 @@ async def load_corpus(
     return store
 
 
+def query_shapes(vocab: np.ndarray, rng: np.random.Generator) -> dict[str, Callable[[], str]]:
+    """The bench's query shapes by Zipf rank of their words, each drawing a query from
+    ``rng`` when called (``bench/lexical_engines.py`` asks the same)."""
+
+    def word(lo: int, hi: int) -> str:
+        return str(vocab[int(rng.integers(lo, hi))])
+
+    return {
+        "1 common word (rank 50-200)": lambda: word(50, 200),
+        "1 mid word (rank 200-2000)": lambda: word(200, 2000),
+        "2 words (ranks 20-500)": lambda: f"{word(20, 500)} {word(20, 500)}",
+        "3 words (ranks 5-300)": lambda: f"{word(5, 300)} {word(5, 300)} {word(5, 300)}",
+        "1 rare word (rank 5000+)": lambda: word(5000, VOCAB),
+    }
+
+
 async def bench_search(
     engine: ChdbEngine,
     n: int,
@@ -450,16 +466,7 @@ async def bench_search(
     store = await load_corpus(engine, n, threads, vocab, rng)
     stats = await store.collection_stats("acct", "agent")
 
-    def word(lo: int, hi: int) -> str:
-        return str(vocab[int(rng.integers(lo, hi))])
-
-    shapes = {
-        "1 common word (rank 50-200)": lambda: word(50, 200),
-        "1 mid word (rank 200-2000)": lambda: word(200, 2000),
-        "2 words (ranks 20-500)": lambda: f"{word(20, 500)} {word(20, 500)}",
-        "3 words (ranks 5-300)": lambda: f"{word(5, 300)} {word(5, 300)} {word(5, 300)}",
-        "1 rare word (rank 5000+)": lambda: word(5000, VOCAB),
-    }
+    shapes = query_shapes(vocab, rng)
     summarizer = ExtractiveSummaryModel()
     paths = ("raw", "before", "after")
     totals: dict[tuple[str, str], list[float]] = {}

@@ -263,26 +263,20 @@ class LexicalIndex:
 
     async def delete_keys(self, keys: Sequence[str]) -> None:
         """Delete the documents of the messages at ``keys`` (:attr:`IndexRow.key`)."""
-        if not keys:
-            return
-
-        def go() -> None:
-            w = self._w()
-            for k in keys:
-                w.delete_documents_by_term("key", k)
-            self._commit()
-
-        await self._run(go)
+        await self._delete("key", keys)
 
     async def delete_threads(self, keys: Sequence[str]) -> None:
         """Delete every document of the threads at ``keys`` (:func:`thread_key`)."""
-        if not keys:
+        await self._delete("thread_key", keys)
+
+    async def _delete(self, field: str, values: Sequence[str]) -> None:
+        if not values:
             return
 
         def go() -> None:
             w = self._w()
-            for k in keys:
-                w.delete_documents_by_term("thread_key", k)
+            for v in values:
+                w.delete_documents_by_term(field, v)
             self._commit()
 
         await self._run(go)

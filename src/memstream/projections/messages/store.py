@@ -217,17 +217,19 @@ class MessageStore:
             await self._ensure_postings()
         await self._ensure_text(defer=defer_postings)
         index = self.lexical_index()
-        if index is not None and not defer_postings:
-            if not index.filling and await index.count():
-                # an index outliving its tables (a database dropped by hand): filled again
-                stored = await self.engine.rows(f"SELECT count() FROM {self.database}.messages", {})
-                if not stored or not int(str(stored[0][0])):
-                    log.warning(
-                        "lexical index of %s holds messages its tables do not", self.database
-                    )
-                    index.mark_filling()
-            if index.filling:
-                await self._fill_index(index)
+        if index is None:
+            return
+        stored = await self.engine.rows(f"SELECT count() FROM {self.database}.messages", {})
+        empty = not stored or not int(str(stored[0][0]))
+        if not index.filling and empty and await index.count():
+            # an index outliving its tables (a database dropped by hand): filled again
+            log.warning("lexical index of %s holds messages its tables do not", self.database)
+            index.mark_filling()
+        # a replay's fresh target (empty) gets its index now and writes it beside each
+        # insert of the load, like the live projector; one left deferred by an interrupted
+        # replay is filled by the seal
+        if index.filling and (empty or not defer_postings):
+            await self._fill_index(index)
 
     def lexical_index(self, database: str | None = None) -> LexicalIndex | None:
         """The Tantivy index of ``database`` (this store's by default), opened on first use;
