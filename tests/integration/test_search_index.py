@@ -172,10 +172,11 @@ async def test_a_replay_writes_its_target_index_and_drops_the_old_one(
     target_index = target.lexical_index()
     assert target_index is not None and not target_index.filling  # written beside the load
     await project(target, msgs[:250])
-    assert await target_index.count() == 250
+    assert await target_index.count() == 0  # added, committed by the seal
     await sink.seal(2)
+    assert await target_index.count() == 250
     await sink.seal(2)  # a resumed seal: nothing to fill
-    await project(target, msgs[250:])  # the hand-over's writes
+    await project(target, msgs[250:])  # the hand-over's writes, committed each
     assert await target_index.count() == 400
     await sink.switch(2)
     assert live.database == f"{base}_v2"
@@ -225,3 +226,36 @@ async def test_a_failed_insert_leaves_nothing_in_the_index(
     monkeypatch.setattr(indexed_store.engine, "insert_arrow", real)
     await project(indexed_store, [m("t", 0, "user", "ocelot sightings")])
     assert await search(indexed_store, query="ocelot") == [("t", 0)]
+
+
+async def test_a_resumed_replay_fills_the_documents_a_stop_lost(
+    chdb_engine: ChdbEngine, tmp_path: Path
+) -> None:
+    """A replay stopped in its load leaves rows in the target whose documents were never
+    committed; the resumed replay fills the target's index from its rows at the seal."""
+    root = tmp_path / "tv"
+    base = f"t_{uuid.uuid4().hex[:8]}"
+    live = MessageStore(chdb_engine, base, index_root=root)
+    await live.ensure_schema()
+    msgs = _corpus(random.Random(4))[:300]
+    await project(live, msgs)
+    sink = MessagesSink(live, base)
+    await sink.prepare(2, fresh=True)
+    target = sink.store(2)
+    await project(target, msgs[:200])
+    index = target.lexical_index()
+    assert index is not None
+    await index._run(lambda: index._w().rollback())  # noqa: SLF001  (the stop: nothing committed)
+    await close_indexes(root)
+    await sink.prepare(2, fresh=False)  # resumed
+    await project(sink.store(2), msgs[150:])  # from its checkpoint on
+    await sink.seal(2)
+    resumed = sink.store(2).lexical_index()
+    assert resumed is not None and not resumed.filling and await resumed.count() == 300
+    await sink.switch(2)
+    for user in ("u3", None):
+        caller = Caller("acc", "ag", user)
+        assert await search(live, caller, query="w5 w9", limit=20) == await search(
+            MessageStore(chdb_engine, live.database), caller, query="w5 w9", limit=20
+        )
+    await close_indexes(root)

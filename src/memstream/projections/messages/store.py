@@ -225,10 +225,19 @@ class MessageStore:
             # an index outliving its tables (a database dropped by hand): filled again
             log.warning("lexical index of %s holds messages its tables do not", self.database)
             index.mark_filling()
-        # a replay's fresh target (empty) gets its index now and writes it beside each
-        # insert of the load, like the live projector; one left deferred by an interrupted
-        # replay is filled by the seal
-        if index.filling and (empty or not defer_postings):
+        if defer_postings:
+            # a replay's target: a fresh one (empty) writes its index beside each insert of
+            # the load, committed once by the seal; a resumed one holds rows whose
+            # documents may not have been committed, so the seal fills it from them
+            if empty:
+                if index.filling:
+                    await self._fill_index(index)
+                index.defer_commits()
+            elif index.deferred or not index.filling:
+                await index.flush()
+                index.mark_filling()
+            return
+        if index.filling:
             await self._fill_index(index)
 
     def lexical_index(self, database: str | None = None) -> LexicalIndex | None:
@@ -417,8 +426,10 @@ LIMIT {INDEX_FILL_BATCH}""",
             await self.engine.command(f"DROP TABLE {db}.{POSTINGS_DEFERRED}")
         await self._ensure_text()  # the deferred text too: its view, then one fill
         index = self.lexical_index()
-        if index is not None and index.filling:  # loaded without it: one fill
-            await self._fill_index(index)
+        if index is not None:
+            await index.flush()  # the load's documents, held since the target was made
+            if index.filling:  # a resumed replay's: one fill from the rows
+                await self._fill_index(index)
 
     async def write(self, rows: Sequence[MessageRow]) -> int:
         """Insert a batch; returns the message rows written. Durable on return. Rows of
