@@ -30,6 +30,7 @@ import asyncio
 import functools
 import logging
 import math
+import re
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from memstream.projections.analyzer import stem, tokens
+from memstream.projections.analyzer import stem
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ ClickHouse; searches use the posting lists meanwhile and writes skip it."""
 WRITER_HEAP: Final = 64_000_000
 """The writer's memory budget per indexing thread (Tantivy flushes a segment when full)."""
 FILL_THREADS: Final = 2
+_TOKEN: Final = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")
+"""A token: a run of what :func:`~memstream.projections.analyzer.tokens` does not split on."""
 _STEMS: dict[str, str] = {}
 _STEMS_MAX: Final = 500_000
 
@@ -99,16 +102,18 @@ class IndexResult:
 
 def document_terms(text: str) -> list[str]:
     """:func:`memstream.projections.analyzer.terms`, with the stems cached (a Zipf
-    vocabulary: 4 us a message instead of 68)."""
-    out = []
-    for w in tokens(text):
-        s = _STEMS.get(w)
-        if s is None:
-            if len(_STEMS) >= _STEMS_MAX:
-                _STEMS.clear()
-            s = _STEMS[w] = stem(w)
-        out.append(s)
-    return out
+    vocabulary: ~5 µs a message instead of 68; the same terms, tested): the tokens are the
+    runs between the analyzer's separators, found in one pass."""
+    words = _TOKEN.findall(text.lower())
+    got = [_STEMS.get(w) for w in words]
+    if None in got:
+        if len(_STEMS) >= _STEMS_MAX:
+            _STEMS.clear()
+        got = [
+            s if s is not None else _STEMS.setdefault(w, stem(w))
+            for s, w in zip(got, words, strict=True)
+        ]
+    return got  # type: ignore[return-value]
 
 
 def thread_key(account_id: str, agent_id: str, thread_id: str) -> str:
