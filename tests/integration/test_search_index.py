@@ -16,7 +16,12 @@ from memstream.errors import InvalidRequest, RetryableInfraError
 from memstream.infra.settings import Settings
 from memstream.projections.messages import MessageStore, index_root
 from memstream.projections.messages.chdb_engine import ChdbEngine
-from memstream.projections.messages.lexical_index import CANDIDATES, FILLING, close_indexes
+from memstream.projections.messages.lexical_index import (
+    CANDIDATES,
+    FILLING,
+    IndexQuery,
+    close_indexes,
+)
 from memstream.projections.messages.sql import SearchSpec, query_words
 from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import encode, message_appended
@@ -62,7 +67,7 @@ async def test_the_index_ranks_like_the_posting_lists(
         assert index is not None
         hidden = await indexed._hidden_threads("acc", "ag", user or "")  # noqa: SLF001
         found = await index.best(
-            "acc", "ag", thread, spec.words, hidden, (n_docs, avg), 100, (1.2, 0.75)
+            IndexQuery("acc", "ag", thread, spec.words, hidden, (n_docs, avg), 100, (1.2, 0.75))
         )
         if found.exact:
             exact += 1

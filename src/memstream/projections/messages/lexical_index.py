@@ -80,6 +80,22 @@ class IndexRow:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexQuery:
+    """A search of the index: ``words`` (analysed) in the account and agent, or in
+    ``thread_id``; never in the threads at ``hidden`` thread keys; scored with the agent's
+    ``stats`` (messages, average length) and ``bm25`` (k1, b); the best ``k``."""
+
+    account_id: str
+    agent_id: str
+    thread_id: str | None
+    words: Sequence[str]
+    hidden: Sequence[str]
+    stats: tuple[float, float]
+    k: int
+    bm25: tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
 class IndexHit:
     """One re-scored candidate: the columns the scoring statements return."""
 
@@ -304,37 +320,15 @@ class LexicalIndex:
 
     # --- search ----------------------------------------------------------------------------
 
-    async def best(
-        self,
-        account_id: str,
-        agent_id: str,
-        thread_id: str | None,
-        words: Sequence[str],
-        hidden: Sequence[str],
-        stats: tuple[float, float],
-        k: int,
-        bm25: tuple[float, float],
-    ) -> IndexResult:
-        """BM25's best ``k`` visible messages for ``words`` (in the account and agent, or in
-        ``thread_id``; never in the threads at ``hidden`` thread keys), scored with the
-        agent's ``stats`` (messages, average length) and ``bm25`` (k1, b), ordered by score,
-        then newest, then higher offset, then thread id; with each word's df over the
-        visible messages in scope."""
-        return await self._run(
-            lambda: self._best(account_id, agent_id, thread_id, words, hidden, stats, k, bm25)
-        )
+    async def best(self, query: IndexQuery) -> IndexResult:
+        """BM25's best ``query.k`` visible messages for its words (see :class:`IndexQuery`),
+        ordered by score, then newest, then higher offset, then thread id; with each word's
+        df over the visible messages in scope."""
+        return await self._run(lambda: self._best(query))
 
-    def _best(
-        self,
-        account_id: str,
-        agent_id: str,
-        thread_id: str | None,
-        words: Sequence[str],
-        hidden: Sequence[str],
-        stats: tuple[float, float],
-        k: int,
-        bm25: tuple[float, float],
-    ) -> IndexResult:
+    def _best(self, query: IndexQuery) -> IndexResult:
+        account_id, agent_id, thread_id = query.account_id, query.agent_id, query.thread_id
+        words, hidden, k = query.words, query.hidden, query.k
         tv = self._tantivy
         Q, Occur, schema = tv.Query, tv.Occur, self._schema
         searcher = self._index.searcher()
@@ -374,9 +368,9 @@ class LexicalIndex:
         found = searcher.search(
             Q.boolean_query([(Occur.Must, should), *scope]), CANDIDATES, count=True
         )
-        n_docs, avg_len = stats
+        n_docs, avg_len = query.stats
         avg = max(avg_len, 1.0)
-        k1, b = bm25
+        k1, b = query.bm25
         idf = [math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) if df else 0.0 for df in dfs]
         hits = []
         for _score, address in found.hits:

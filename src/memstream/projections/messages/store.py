@@ -44,6 +44,7 @@ from memstream.projections.messages.engine import ClickHouseEngine, Row
 from memstream.projections.messages.fusion import bm25 as bm25_of
 from memstream.projections.messages.fusion import coverage, fuse, query_weight
 from memstream.projections.messages.lexical_index import (
+    IndexQuery,
     IndexRow,
     LexicalIndex,
     close_indexes,
@@ -742,14 +743,16 @@ LIMIT {INDEX_FILL_BATCH}""",
         threads filtered out inside the query."""
         hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
         found = await index.best(
-            spec.account_id,
-            spec.agent_id,
-            spec.thread_id,
-            spec.words,
-            hidden,
-            stats,
-            k,
-            (BM25_K1, BM25_B),
+            IndexQuery(
+                spec.account_id,
+                spec.agent_id,
+                spec.thread_id,
+                spec.words,
+                hidden,
+                stats,
+                k,
+                (BM25_K1, BM25_B),
+            )
         )
         return [
             (
