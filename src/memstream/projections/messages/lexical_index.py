@@ -14,7 +14,8 @@ Guarantees:
 
 - :meth:`LexicalIndex.upsert` is idempotent (delete by key, then add): a redelivered or
   replayed batch leaves one document per message. Durable and visible on return (committed,
-  searcher reloaded).
+  searcher reloaded), except in a replay's load (:meth:`LexicalIndex.defer_commits`), which
+  the seal commits once.
 - :meth:`LexicalIndex.best` is exact -- the same rows, scores and order as scoring every
   visible match -- when the matches are at most :data:`CANDIDATES`; beyond that the best
   ``k`` of Tantivy's best :data:`CANDIDATES` (its own BM25: the same formula with df over
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import math
 import re
 import shutil
@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from memstream.projections.analyzer import stem
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
