@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import re
 import shutil
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +38,9 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from memstream.projections.analyzer import stem
+from memstream.projections.messages.fusion import bm25
+from memstream.projections.messages.text_table import text_key
+from memstream.schemas.records import ThreadRef
 
 T = TypeVar("T")
 
@@ -74,7 +76,7 @@ class IndexRow:
     @property
     def key(self) -> str:
         """The message's key (``account/agent/thread/offset``; ids never hold ``/``)."""
-        return f"{self.account_id}/{self.agent_id}/{self.thread_id}/{self.offset}"
+        return text_key(self.account_id, self.agent_id, self.thread_id, self.offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +130,6 @@ def document_terms(text: str) -> list[str]:
             for s, w in zip(got, words, strict=True)
         ]
     return got  # type: ignore[return-value]
-
-
-def thread_key(account_id: str, agent_id: str, thread_id: str) -> str:
-    return f"{account_id}/{agent_id}/{thread_id}"
 
 
 def _schema() -> Any:
@@ -225,7 +223,7 @@ class LexicalIndex:
                 continue
             doc = tv.Document()
             doc.add_text("key", key)
-            doc.add_text("thread_key", thread_key(r.account_id, r.agent_id, r.thread_id))
+            doc.add_text("thread_key", ThreadRef(r.account_id, r.agent_id, r.thread_id).key)
             doc.add_text("account_id", r.account_id)
             doc.add_text("agent_id", r.agent_id)
             doc.add_text("thread_id", r.thread_id)
@@ -301,7 +299,7 @@ class LexicalIndex:
         await self._delete("key", keys)
 
     async def delete_threads(self, keys: Sequence[str]) -> None:
-        """Delete every document of the threads at ``keys`` (:func:`thread_key`)."""
+        """Delete every document of the threads at ``keys`` (:attr:`~memstream.schemas.records.ThreadRef.key`)."""
         await self._delete("thread_key", keys)
 
     async def _delete(self, field: str, values: Sequence[str]) -> None:
@@ -336,7 +334,7 @@ class LexicalIndex:
                     Occur.Must,
                     Q.const_score_query(
                         Q.term_query(
-                            schema, "thread_key", thread_key(account_id, agent_id, thread_id)
+                            schema, "thread_key", ThreadRef(account_id, agent_id, thread_id).key
                         ),
                         0.0,
                     ),
@@ -367,9 +365,7 @@ class LexicalIndex:
             Q.boolean_query([(Occur.Must, should), *scope]), CANDIDATES, count=True
         )
         n_docs, avg_len = query.stats
-        avg = max(avg_len, 1.0)
         k1, b = query.bm25
-        idf = [math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) if df else 0.0 for df in dfs]
         hits = []
         for _score, address in found.hits:
             doc = searcher.doc(address)
@@ -377,11 +373,7 @@ class LexicalIndex:
             positions = tuple(tuple(i for i, t in enumerate(terms) if t == w) for w in words)
             tf = tuple(len(p) for p in positions)
             length = len(terms)
-            score = sum(
-                i * f * (k1 + 1) / (f + k1 * (1 - b + b * length / avg))
-                for i, f in zip(idf, tf, strict=True)
-                if f
-            )
+            score = bm25(tf, dfs, n_docs, length, avg_len, k1, b)
             hits.append(
                 IndexHit(
                     str(doc.get_first("thread_id")),

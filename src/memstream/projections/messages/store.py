@@ -50,7 +50,6 @@ from memstream.projections.messages.lexical_index import (
     close_indexes,
     drop_index,
     open_index,
-    thread_key,
 )
 from memstream.projections.messages.postings import (
     POSTINGS_DEFERRED,
@@ -119,6 +118,7 @@ from memstream.projections.messages.text_table import (
     text_view_ddl,
 )
 from memstream.projections.messages.text_table import backfill_sql as text_backfill_sql
+from memstream.schemas.records import ThreadRef
 
 log = logging.getLogger(__name__)
 
@@ -232,14 +232,14 @@ class MessageStore:
             # documents may not have been committed, so the seal fills it from them
             if empty:
                 if index.filling:
-                    await self._fill_index(index)
+                    await self._fill_index(index, 0)
                 index.defer_commits()
             elif index.deferred or not index.filling:
                 await index.flush()
                 index.mark_filling()
             return
         if index.filling:
-            await self._fill_index(index)
+            await self._fill_index(index, int(str(stored[0][0])) if stored else 0)
 
     def lexical_index(self, database: str | None = None) -> LexicalIndex | None:
         """The Tantivy index of ``database`` (this store's by default), opened on first use;
@@ -248,12 +248,14 @@ class MessageStore:
             return None
         return open_index(self.index_root / (database or self.database))
 
-    async def _fill_index(self, index: LexicalIndex) -> None:
+    async def _fill_index(self, index: LexicalIndex, total: int | None = None) -> None:
         """Fill ``index`` from the stored messages (their terms as ClickHouse computed them),
-        ordered by key and read in steps, under its filling marker."""
+        ordered by key and read in steps, under its filling marker. ``total``: the stored
+        rows when the caller has counted them (for the log lines)."""
         db = self.database
-        stored = await self.engine.rows(f"SELECT count() FROM {db}.messages", {})
-        total = int(str(stored[0][0])) if stored else 0
+        if total is None:
+            stored = await self.engine.rows(f"SELECT count() FROM {db}.messages", {})
+            total = int(str(stored[0][0])) if stored else 0
         if total:
             log.warning("filling the lexical index of %s from its %d messages", db, total)
         started = time.perf_counter()
@@ -446,23 +448,7 @@ LIMIT {INDEX_FILL_BATCH}""",
             await self._owners_written(owners)
         table = messages_table(rows)
         index = self.lexical_index()
-        await self._insert_messages(
-            table,
-            index,
-            [
-                IndexRow(
-                    r.account_id,
-                    r.agent_id,
-                    r.thread_id,
-                    r.offset,
-                    int(r.created_at.timestamp() * 1000),
-                    r.content,
-                )
-                for r in rows
-            ]
-            if index is not None
-            else [],
-        )
+        await self._insert_messages(table, index, _index_rows(table) if index is not None else [])
         return int(table.num_rows)
 
     async def _insert_messages(
@@ -579,7 +565,7 @@ LIMIT {INDEX_FILL_BATCH}""",
                 self._hidden = {k: v for k, v in self._hidden.items() if k[:3] not in changed}
 
     async def _hidden_threads(self, account_id: str, agent_id: str, user_id: str) -> list[str]:
-        """Thread keys (:func:`~.lexical_index.thread_key`) of the agent's threads the caller
+        """Thread keys (:attr:`~memstream.schemas.records.ThreadRef.key`) of the agent's threads the caller
         may not read: those with users, none of them ``user_id`` (``""``: every thread with
         users), as :func:`~.sql.visible_threads_filter` decides."""
         key = (self.database, account_id, agent_id)
@@ -600,7 +586,7 @@ LIMIT {INDEX_FILL_BATCH}""",
                     self._hidden.clear()
                 threads = self._owners[key] = {str(t): frozenset(_strings(us)) for t, us in rows}
             hidden = sorted(
-                thread_key(account_id, agent_id, t)
+                ThreadRef(account_id, agent_id, t).key
                 for t, us in threads.items()
                 if user_id not in us
             )
@@ -988,7 +974,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         unique = list(dict.fromkeys(threads))
         index = self.lexical_index()
         if index is not None:  # filled or filling (a fill reads what is left)
-            await index.delete_threads([thread_key(a, g, t) for a, g, t in unique])
+            await index.delete_threads([ThreadRef(a, g, t).key for a, g, t in unique])
         # the text table whenever it is there, filled or filling
         (has_text,) = await self._tables(TEXT_TABLE)
         for i in range(0, len(unique), ERASE_CHUNK):
