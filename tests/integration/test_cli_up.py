@@ -156,7 +156,13 @@ async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) ->
             "memstream-summarizer",
             "memstream-message-projector",
             "memstream-memory-projector",
+            # what the relays have not published yet, read from up's /readyz and Postgres
+            "relay:journal",
+            "relay:memory",
         }
+        relays = {row["group"]: row for row in lag_rows if row["group"].startswith("relay:")}
+        assert relays["relay:journal"]["state"] == "running", relays
+        assert all(isinstance(row["lag"], int) for row in relays.values()), relays
     finally:
         leftovers = stop_up(proc)
     assert leftovers == [], f"orphan processes after SIGTERM: {leftovers}"

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer
 
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import FixedClock
-from memstream.errors import InfraError
+from memstream.errors import InfraError, StoreUnavailable
 from memstream.infra.kafka.admin import ensure_topics
 from memstream.infra.kafka.bus import Bus
 from memstream.schemas.events import Envelope, decode
@@ -118,6 +118,52 @@ async def test_run_wakes_on_notify(
             c, "woken", "published without waiting for the poll", "observation", "shared"
         )
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while await pending(pg_pool) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert await pending(pg_pool) == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_relay_whose_lock_session_died_stops_and_takes_the_lock_again(
+    pg_pool: asyncpg.Pool, bus: Bus, topics: Topics
+) -> None:
+    """A Postgres restart ends the relay's session: its advisory lock (one active relay)
+    and its LISTEN go with it. Publishing on without the lock would make two active relays
+    once a standby takes it, and the dead LISTEN would leave every store waiting for the
+    poll. The relay stops instead (its supervisor runs it again)."""
+    relay = OutboxRelay(pg_pool, bus, topics.memory, poll_interval_s=0.2)
+    await relay.drain()
+    task = asyncio.create_task(relay.run())
+    try:
+        holder = None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while holder is None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            holder = await pg_pool.fetchval(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND granted",
+                0x6D656D6F,
+            )
+        assert holder is not None, "the relay never took its lock"
+        await pg_pool.execute("SELECT pg_terminate_backend($1)", holder)  # as a restart does
+        with pytest.raises(StoreUnavailable, match="lock connection"):
+            await asyncio.wait_for(task, 10)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StoreUnavailable):
+            await task
+    # run again (what the supervisor does): it takes the lock, LISTENs and is woken
+    again = OutboxRelay(pg_pool, bus, topics.memory, poll_interval_s=60.0)
+    task = asyncio.create_task(again.run())
+    try:
+        await asyncio.sleep(0.3)
+        svc = MemoryService(pg_pool, FixedClock(), binding=EVERY_AGENT_BOUND)
+        c = Caller("acc", f"relay{next(_agents)}", None)
+        await svc.store(c, "after", "published after the restart", "observation", "shared")
         deadline = loop.time() + 10
         while await pending(pg_pool) and loop.time() < deadline:
             await asyncio.sleep(0.05)

@@ -280,6 +280,11 @@ class Health(BaseModel):
     loops: dict[str, dict[str, Any]] | None = Field(
         default=None, description="the background loops: state, restarts, last_error, since"
     )
+    relays: dict[str, int] | None = Field(
+        default=None,
+        description="records each relay running in this process has not published yet "
+        "(journal: sequenced journal rows not on the journal topic)",
+    )
     servers: dict[str, dict[str, Any]] | None = Field(
         default=None,
         description="memstream up's embedded servers: state (running, restarting, failed), "

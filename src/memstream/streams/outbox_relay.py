@@ -17,7 +17,11 @@ Guarantees:
   erasure runs their key is refused: the relay stops before their first content row until
   the erasure has deleted those rows (it deletes the user's content rows, published or not).
 - **One active relay**: a session advisory lock makes every other relay process a standby
-  that takes over when the active one's connection goes away.
+  that takes over when the active one's connection goes away. A relay whose lock
+  connection died (a Postgres restart ends every session, and the lock with it) stops
+  publishing and raises :class:`~memstream.errors.StoreUnavailable`: its supervisor runs
+  it again, as a standby or the active relay, with a new ``LISTEN`` (the old one hears
+  nothing after the restart).
 - **A broker that lost its log** (issue 16 item 4: a fresh broker, Tansu restarted, a wiped
   log dir): with ``broker_records`` (the CLI wiring gives it), :meth:`run` first looks at the
   ``memory`` topic; empty while the outbox still keeps published rows (the last
@@ -44,7 +48,7 @@ import asyncpg
 import orjson
 
 from memstream.agents_ctx.memory.outbox import OUTBOX_CHANNEL
-from memstream.errors import InfraError
+from memstream.errors import InfraError, StoreUnavailable
 from memstream.infra.data_keys import Keyring, memory_scope
 from memstream.schemas.topics import memory_key
 
@@ -54,6 +58,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _RELAY_LOCK: Final = 0x6D656D6F  # "memo"
+
+
+def _session_gone(conn: asyncpg.Connection) -> bool:
+    """The connection's session ended (asyncpg's pool detaches a connection that died from
+    its proxy, whose calls then raise)."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True
 
 
 class Publisher(Protocol):
@@ -189,16 +202,21 @@ class OutboxRelay:
             await conn.add_listener(OUTBOX_CHANNEL, self._notified)
             try:
                 await self.republish_if_lost()
-                await self._loop()
+                await self._loop(conn)
             finally:
                 with contextlib.suppress(Exception):
                     await conn.remove_listener(OUTBOX_CHANNEL, self._notified)
                     await conn.execute("SELECT pg_advisory_unlock($1)", _RELAY_LOCK)
 
-    async def _loop(self) -> None:
+    async def _loop(self, lock: asyncpg.Connection) -> None:
         backoff = 0.1
         ticks = 0
         while True:
+            if _session_gone(lock):
+                raise StoreUnavailable(
+                    "memory relay: its lock connection to Postgres is gone (a restart ends "
+                    "the session and the lock): taking the lock again"
+                )
             self._wake.clear()
             try:
                 n = await self.drain()

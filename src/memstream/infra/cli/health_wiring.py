@@ -114,6 +114,7 @@ def wire_readiness(stack: Stack, *, kafka: bool) -> Readiness:
         r.add_probe("object_store", svc.summary_store.ping, timeout_s=3.0)
     r.add_flag("loops", svc.loops.problem)
     r.add_section("loops", svc.loops.snapshot)
+    r.add_section("relays", partial(relay_backlogs, stack))
     servers = None
     if stack.keepers is not None:
         for keeper in stack.keepers:
@@ -126,6 +127,14 @@ def wire_readiness(stack: Stack, *, kafka: bool) -> Readiness:
     if svc.metrics is not None:
         svc.metrics.track_states(loops=svc.loops.snapshot, servers=servers, parts=r.parts)
     return r
+
+
+def relay_backlogs(stack: Stack) -> dict[str, int]:
+    """What this process's relays have not published yet: ``{"journal": n}`` while the
+    journal relay runs here (read by ``memstream lag``; the memory outbox's backlog is a
+    row count any process reads from Postgres)."""
+    relay = stack.journal_relay  # set once the pipeline started, after the wiring
+    return {} if relay is None else {"journal": relay.backlog}
 
 
 def unkept_servers(servers: Sequence[EmbeddedServer]) -> dict[str, dict[str, object]]:

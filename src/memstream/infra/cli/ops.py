@@ -69,14 +69,12 @@ def _print_full(table: Table) -> None:
     Console(width=width, force_terminal=out.is_terminal).print(table)
 
 
-async def _processor_states(data_dir: object, groups: list[str]) -> dict[str, str]:
-    """Per consumer group, its processor's loop state in the running ``memstream up``
-    (``running``, ``waiting for postgres``...) read from its ``/readyz``; empty when no
-    running system answers (processors in a ``memstream worker``: shown ``-``)."""
+async def _running_report(data_dir: object) -> dict[str, object]:
+    """The ``/readyz`` body of the running ``memstream up`` on ``data_dir``; empty when no
+    running system answers (processors in a ``memstream worker``: their state shows ``-``)."""
     import httpx
 
     from memstream.infra.cli.state import read_state
-    from memstream.infra.supervisor import describe_snapshot
 
     s = settings_for_running(data_dir)  # type: ignore[arg-type]
     state = read_state(s.resolved_data_dir()) or {}
@@ -88,7 +86,15 @@ async def _processor_states(data_dir: object, groups: list[str]) -> dict[str, st
             body = (await client.get(f"{url.rstrip('/')}/readyz")).json()
     except (httpx.HTTPError, ValueError):
         return {}
-    loops = body.get("loops") if isinstance(body, dict) else None
+    return body if isinstance(body, dict) else {}
+
+
+def _processor_states(report: dict[str, object], groups: list[str]) -> dict[str, str]:
+    """Per consumer group, its processor's loop state (``running``, ``waiting for
+    postgres``...) in the running system's ``/readyz`` report."""
+    from memstream.infra.supervisor import describe_snapshot
+
+    loops = report.get("loops")
     if not isinstance(loops, dict):
         return {}
     out: dict[str, str] = {}
@@ -98,6 +104,66 @@ async def _processor_states(data_dir: object, groups: list[str]) -> dict[str, st
         if isinstance(snap, dict):
             out[group] = describe_snapshot(snap)
     return out
+
+
+RELAY_LOOPS = {"journal": "journal-relay", "memory": "outbox-relay"}
+"""The loop (``/readyz`` ``loops``) of each relay, for its ``state``."""
+
+
+async def _relay_rows(
+    report: dict[str, object], dsn: str, topics: Topics
+) -> list[dict[str, object]]:
+    """One row per relay whose backlog is known: records acknowledged to a caller that are
+    not on their topic yet, so no processor's lag can count them (a lag of 0 with a
+    backlog is not caught up). The journal relay's from the running system's report; the
+    memory outbox's is its unpublished rows in Postgres (``-`` state when no system runs)."""
+    from memstream.infra.supervisor import describe_snapshot
+
+    backlogs: dict[str, int] = {}
+    relays = report.get("relays")
+    if isinstance(relays, dict) and isinstance(relays.get("journal"), int):
+        backlogs["journal"] = relays["journal"]
+    if dsn:
+        n = await _outbox_backlog(dsn)
+        if n is not None:
+            backlogs["memory"] = n
+    loops = report.get("loops")
+    rows: list[dict[str, object]] = []
+    for relay, backlog in backlogs.items():
+        snap = loops.get(RELAY_LOOPS[relay]) if isinstance(loops, dict) else None
+        rows.append(
+            {
+                "group": f"relay:{relay}",
+                "topic": topics.journal if relay == "journal" else topics.memory,
+                "partition": None,
+                "committed": None,
+                "end_offset": None,
+                "lag": backlog,
+                "since_commit_s": None,
+                "gap": 0,
+                "state": describe_snapshot(snap) if isinstance(snap, dict) else None,
+            }
+        )
+    return rows
+
+
+async def _outbox_backlog(dsn: str) -> int | None:
+    """Unpublished ``memory_outbox`` rows, or None (with a warning) when Postgres cannot be
+    read or has no outbox (a database memstream never migrated)."""
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(dsn, timeout=5)
+        try:
+            n = await conn.fetchval("SELECT count(*) FROM memory_outbox WHERE published_at IS NULL")
+        finally:
+            await conn.close()
+    except asyncpg.UndefinedTableError:
+        return None
+    except Exception as e:  # noqa: BLE001 - lag without the relay's row is still worth showing
+        err.print(f"[yellow]memory relay backlog unknown[/]: cannot read Postgres ({e})")
+        return None
+    return int(n)
 
 
 def _with_state(rows: list[object], states: dict[str, str]) -> list[dict[str, object]]:
@@ -110,6 +176,19 @@ def _with_state(rows: list[object], states: dict[str, str]) -> list[dict[str, ob
     return out
 
 
+async def _lag_rows(
+    data_dir: object,
+    rows: list[object],
+    groups: list[str],
+    dsn: str,
+    topics: Topics,
+) -> list[dict[str, object]]:
+    """The consumer rows with their processors' states, then the relays' rows."""
+    report = await _running_report(data_dir)
+    shown = _with_state(rows, _processor_states(report, groups))
+    return shown + await _relay_rows(report, dsn, topics)
+
+
 def _lag_table(rows: list[dict[str, object]]) -> Table:
     cells: list[list[str]] = []
     for d in rows:
@@ -118,9 +197,9 @@ def _lag_table(rows: list[dict[str, object]]) -> Table:
             [
                 str(d["group"]),
                 str(d["topic"]),
-                str(d["partition"]),
+                "-" if d["partition"] is None else str(d["partition"]),
                 "-" if d["committed"] is None else str(d["committed"]),
-                str(d["end_offset"]),
+                "-" if d["end_offset"] is None else str(d["end_offset"]),
                 str(d["lag"]),
                 "-" if d["gap"] is None else str(d["gap"]),
                 "-" if not isinstance(since, int | float) else f"{since:.1f}s",
@@ -177,10 +256,10 @@ def lag(
 ) -> None:
     """Consumer lag per processor group and partition (committed, end, lag, gap, since
     commit). The gap counts records below the committed offset the projection never applied
-    (a skipped range, which lag alone would read as 0)."""
+    (a skipped range, which lag alone would read as 0). Rows ``relay:journal`` and
+    ``relay:memory`` count what the relays have not published yet (acknowledged, so no
+    processor's lag counts it): caught up means every row at lag 0."""
     from memstream.streams.lag import LagWatcher, consumer_lag, processor_groups
-    from memstream.streams.lag import max_gap as widest
-    from memstream.streams.lag import max_lag as biggest
 
     bootstrap, _ = _bootstrap(data_dir)
     s = settings_for_running(data_dir)
@@ -192,25 +271,32 @@ def lag(
         # processor committing between the two reads
         return await _coverage(dsn, list(groups))
 
+    topics = Topics(s.topic_prefix)
+    names = list(groups)
+
+    def check(shown: list[dict[str, object]]) -> None:
+        lags = [v for d in shown if isinstance(v := d["lag"], int)]
+        gaps = [v for d in shown if isinstance(v := d["gap"], int)]
+        if max_lag is not None and max(lags, default=0) > max_lag:
+            err.print(f"lag {max(lags)} exceeds --max-lag {max_lag}")
+            raise typer.Exit(1)
+        if max_gap is not None and max(gaps, default=0) > max_gap:
+            err.print(f"gap {max(gaps)} exceeds --max-gap {max_gap}")
+            raise typer.Exit(1)
+
     if not watch:
 
-        async def once() -> tuple[list[object], dict[str, str]]:
+        async def once() -> list[dict[str, object]]:
             rows = await consumer_lag(bootstrap, groups, load_coverage=load)
-            return list(rows), await _processor_states(data_dir, list(groups))
+            return await _lag_rows(data_dir, list(rows), names, dsn, topics)
 
-        got = run(once())
-        assert isinstance(got, tuple)
-        rows, states = got
+        shown = run(once())
+        assert isinstance(shown, list)
         if as_json:
-            print(orjson.dumps(_with_state(rows, states)).decode())
+            print(orjson.dumps(shown).decode())
         else:
-            _print_full(_lag_table(_with_state(rows, states)))
-        if max_lag is not None and biggest(rows) > max_lag:
-            err.print(f"lag {biggest(rows)} exceeds --max-lag {max_lag}")
-            raise typer.Exit(1)
-        if max_gap is not None and widest(rows) > max_gap:
-            err.print(f"gap {widest(rows)} exceeds --max-gap {max_gap}")
-            raise typer.Exit(1)
+            _print_full(_lag_table(shown))
+        check(shown)
         return
 
     async def loop() -> None:
@@ -218,8 +304,7 @@ def lag(
         with Live(console=out, refresh_per_second=4) as live:
             while True:
                 rows = await watcher.poll(load_coverage=load)
-                states = await _processor_states(data_dir, list(groups))
-                shown = _with_state(list(rows), states)
+                shown = await _lag_rows(data_dir, list(rows), names, dsn, topics)
                 if as_json:
                     print(orjson.dumps({"ts": time.time(), "rows": shown}).decode())
                 else:
