@@ -1,6 +1,6 @@
 """Append -> searchable: from ``journal.append`` returning to the message in transcript search.
 
-Run: ``python bench/append_searchable.py [--rate 500] [--seconds 20] [--configs 0.25:2 0.1:1000]``.
+Run: ``python bench/append_searchable.py [--rate 500] [--seconds 20] [--configs 0.1:1000 0.1:1000:index]``.
 
 The write path of ``memstream up``, in one process on real engines: a SlateDB journal (local
 folder), the journal relay woken by ``notify()`` after each append, an embedded Apache Kafka
@@ -13,9 +13,10 @@ committed, so a search from then on finds it (what ``"after": position`` waits f
 
 Each ``--configs`` entry ``WITHIN:BULK_MIN`` (the projector's ``batch_within_s``, how long a
 batch that is not full waits for more records, and ``bulk_min``, the smallest batch that
-ClickHouse parses in bulk) runs on a fresh journal, topic and table in the same process, one
-after the other; the first default is the projector before issue 15 (0.25 s, bulk from two
-records), the second today's defaults. It prints p50/p99/max per entry, the batches written,
+ClickHouse parses in bulk; a third part ``:index`` adds the lexical index, Tantivy beside
+chdb, written beside each insert as ``memstream up`` runs it) runs on a fresh journal, topic
+and table in the same process, one after the other; the defaults are today's projector
+without and with the index (``0.25:2`` is the projector before issue 15). It prints p50/p99/max per entry, the batches written,
 rows per batch and the fraction of the run the projector spent writing.
 """
 
@@ -67,7 +68,12 @@ class TimedProjector(MessageProjector):
 
 
 async def one_run(
-    root: Path, bootstrap: str, config: tuple[float, int], rate: float, seconds: float, tag: str
+    root: Path,
+    bootstrap: str,
+    config: tuple[float, int, bool],
+    rate: float,
+    seconds: float,
+    tag: str,
 ) -> tuple[list[float], TimedProjector, int]:
     journal = await Journal.open(local_store(root / f"journal-{tag}"), "journal")
     topics = Topics(f"bench{tag}.")
@@ -77,7 +83,8 @@ async def one_run(
     relay = JournalRelay(journal, bus, topics)
     await relay.start()
     engine = ChdbEngine(root / f"chdb-{tag}")
-    store = MessageStore(engine, "bench")
+    # with the lexical index (Tantivy, as `memstream up` runs on chdb) or the posting lists only
+    store = MessageStore(engine, "bench", index_root=root / f"tantivy-{tag}" if config[2] else None)
     positions = Positions()
     projector = TimedProjector(store, batch_within_s=config[0], bulk_min=config[1])
     gated = GatedProcessor(projector, Gate(), record_messages(positions.messages))
@@ -124,12 +131,13 @@ async def one_run(
         await relay.stop()
         await bus.stop()
         await journal.close()
+        await store.close()
         await engine.close()
     return latencies, projector, failed
 
 
 async def main(rate: float, seconds: float, configs: list[str], broker: str) -> None:
-    parsed = [(float(c.split(":")[0]), int(c.split(":")[1])) for c in configs]
+    parsed = [(float(c.split(":")[0]), int(c.split(":")[1]), c.endswith(":index")) for c in configs]
     with tempfile.TemporaryDirectory(prefix="memstream-bench-searchable-") as tmp:
         root = Path(tmp)
         server = embedded_broker(root / "kafka", broker=broker, partitions=4)
@@ -166,7 +174,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--configs", nargs="+", default=["0.25:2", "0.1:1000"])
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=["0.1:1000", "0.1:1000:index"],
+        help="batch_within_s:bulk_min[:index] (index: with the lexical index, as up runs)",
+    )
     ap.add_argument("--broker", default="auto")
     a = ap.parse_args()
     asyncio.run(main(a.rate, a.seconds, a.configs, a.broker))
