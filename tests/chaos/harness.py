@@ -115,6 +115,22 @@ class Up:
         self.url = ready[0]
         return self.url
 
+    async def task_dump(self, wait_s: float = 2.0) -> str:
+        """What every asyncio task of up awaits (``kill -USR2``), read back from its log:
+        where a processor that stopped moving is stuck."""
+        from memstream.infra.task_dump import BEGIN, END
+
+        if self.proc is None or self.proc.poll() is not None:
+            return "(memstream up is not running: no task dump)"
+        self.proc.send_signal(signal.SIGUSR2)
+        await asyncio.sleep(wait_s)
+        text = self.log.read_text(encoding="utf-8", errors="replace")
+        start = text.rfind(BEGIN)
+        if start < 0:
+            return "(no task dump in up's log)"
+        end = text.find(END, start)
+        return text[start : end + len(END) if end >= 0 else None]
+
     def state(self) -> dict[str, object]:
         raw = json.loads((self.data_dir / "memstream.json").read_text(encoding="utf-8"))
         assert isinstance(raw, dict)
@@ -323,7 +339,16 @@ async def converge(up: Up, timeout: float = 180) -> float:
         else:
             last = res.stderr
         await asyncio.sleep(1.0)
-    raise AssertionError(f"no convergence in {timeout}s: {last[-2000:]}")
+    stuck = (
+        [
+            f"{r['group']}[{r['partition']}] lag {r['lag']} gap {r['gap']} ({r['state']})"
+            for r in json.loads(last or "[]")
+            if isinstance(r, dict) and (r.get("lag") or r.get("gap"))
+        ]
+        if last.startswith("[")
+        else [last[-2000:]]
+    )
+    raise AssertionError(f"no convergence in {timeout}s: {stuck}\n{await up.task_dump()}")
 
 
 # --- checks ------------------------------------------------------------------------------------

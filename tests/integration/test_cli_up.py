@@ -163,6 +163,18 @@ async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) ->
         relays = {row["group"]: row for row in lag_rows if row["group"].startswith("relay:")}
         assert relays["relay:journal"]["state"] == "running", relays
         assert all(isinstance(row["lag"], int) for row in relays.values()), relays
+
+        # kill -USR2: every asyncio task with what it awaits, and up goes on
+        proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 15
+        dump = ""
+        while time.monotonic() < deadline and "--- end of asyncio tasks ---" not in dump:
+            time.sleep(0.2)
+            text = "".join(OUTPUT.get(proc.pid, []))
+            dump = text[text.find("--- asyncio tasks (kill -USR2) ---") :]
+        assert "--- end of asyncio tasks ---" in dump, dump[-2000:]
+        assert "task 'outbox-relay'" in dump and 'File "' in dump, dump[:2000]
+        assert proc.poll() is None
     finally:
         leftovers = stop_up(proc)
     assert leftovers == [], f"orphan processes after SIGTERM: {leftovers}"

@@ -15,11 +15,15 @@ console read it; see ``docs/operations.md``)::
 
     {"outbox-relay": {"state": "running" | "backoff" | "waiting" | "stopped",
                       "restarts": 0, "last_error": null | "ConnectionDoesNotExistError: ...",
-                      "since": 1764600000.0, "waiting_for": null | "postgres"}}
+                      "since": 1764600000.0, "waiting_for": null | "postgres",
+                      "busy_since": null | 1764600100.0}}
 
 ``waiting`` is a loop paused on a dependency that is away (a stream processor during a
 Postgres or Valkey outage: it retries the same batch, dead-letters nothing), ``waiting_for``
-names the dependency; ``backoff`` is a loop that failed and is started again.
+names the dependency; ``backoff`` is a loop that failed and is started again. ``busy_since``
+is when the unit of work in hand began (a stream processor's batch), None between them: a
+loop ``running`` but on one batch for minutes is stuck in it, which ``state`` alone would
+not say (described ``running, one batch for 196s`` once past :data:`BUSY_SHOWN_AFTER_S`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ __all__ = ["LoopState", "LoopStates", "describe_snapshot", "supervise"]
 
 log = logging.getLogger(__name__)
 
+BUSY_SHOWN_AFTER_S = 30.0
+"""A unit of work in hand this long is named in a loop's description."""
+
 State = Literal["running", "backoff", "waiting", "stopped"]
 
 
@@ -49,6 +56,16 @@ class LoopState:
     since: float = field(default_factory=time.time)
     #: the dependency a ``waiting`` loop waits for (``postgres``, ``valkey``...)
     waiting_for: str | None = None
+    #: wall time the unit of work in hand began (None: between units)
+    busy_since: float | None = None
+
+    def working(self) -> None:
+        """A unit of work (a processor's batch) begins."""
+        self.busy_since = time.time()
+
+    def idle(self) -> None:
+        """The unit of work in hand ended (done, failed or sought back)."""
+        self.busy_since = None
 
     def failed(self, error: BaseException | str) -> None:
         """A loop that retries by itself met an error: it is backing off (readiness shows
@@ -70,10 +87,9 @@ class LoopState:
             self.state, self.since, self.waiting_for = "running", time.time(), None
 
     def describe(self) -> str:
-        """``running``, ``backoff``, ``waiting for postgres``, ``stopped``."""
-        if self.state == "waiting" and self.waiting_for:
-            return f"waiting for {self.waiting_for}"
-        return self.state
+        """``running``, ``backoff``, ``waiting for postgres``, ``stopped``, ``running, one
+        batch for 196s``."""
+        return describe_snapshot(self.to_dict())
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -82,16 +98,22 @@ class LoopState:
             "last_error": self.last_error,
             "since": self.since,
             "waiting_for": self.waiting_for,
+            "busy_since": self.busy_since,
         }
 
 
-def describe_snapshot(snap: Mapping[str, object]) -> str:
+def describe_snapshot(snap: Mapping[str, object], now: float | None = None) -> str:
     """:meth:`LoopState.describe` of one :meth:`LoopStates.snapshot` entry (read back from
-    ``/readyz``): ``running``, ``waiting for postgres``..."""
-    state, dep = snap.get("state"), snap.get("waiting_for")
+    ``/readyz``): ``running``, ``waiting for postgres``, ``running, one batch for 196s``..."""
+    state, dep, busy = snap.get("state"), snap.get("waiting_for"), snap.get("busy_since")
     if state == "waiting" and isinstance(dep, str) and dep:
         return f"waiting for {dep}"
-    return str(state) if isinstance(state, str) else "unknown"
+    text = str(state) if isinstance(state, str) else "unknown"
+    if isinstance(busy, int | float):
+        held = (time.time() if now is None else now) - busy
+        if held >= BUSY_SHOWN_AFTER_S:
+            text += f", one batch for {held:.0f}s"
+    return text
 
 
 def _text(error: BaseException | str) -> str:

@@ -452,6 +452,7 @@ class ProcessorConsumer:
                 # may come from the new assignment, whose position already moved past them)
                 self._rewind(batch)
                 return False
+            self.state.working()  # a batch held for minutes shows in `memstream lag`
             try:
                 await self._dispatch(batch, offsets)
             except Rewind as r:
@@ -461,6 +462,8 @@ class ProcessorConsumer:
             except Exception:
                 self._rewind(batch)  # never skip records that were not handled
                 raise
+            finally:
+                self.state.idle()
         return True
 
     async def _poll(self) -> tuple[list[RawRecord], dict[TopicPartition, int]]:

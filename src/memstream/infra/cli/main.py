@@ -196,9 +196,11 @@ async def serve_until_signal(stack_start: object, on_ready: object = None) -> No
     """Start a Stack, print readiness, and stop it cleanly on SIGINT/SIGTERM.
 
     ``kill -USR1`` prints every thread's stack to stderr (a hung process tells where it
-    hangs); a process still alive ``STOP_STACK_DUMP_S`` after the stop began prints them
-    by itself."""
+    hangs), ``kill -USR2`` every asyncio task with what it awaits (a processor stuck in a
+    batch, :mod:`memstream.infra.task_dump`); a process still alive ``STOP_STACK_DUMP_S``
+    after the stop began prints the threads' by itself."""
     from memstream.infra.cli.wiring import Stack
+    from memstream.infra.task_dump import dump_tasks
 
     assert isinstance(stack_start, Stack)
     stack = stack_start
@@ -207,6 +209,7 @@ async def serve_until_signal(stack_start: object, on_ready: object = None) -> No
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    loop.add_signal_handler(signal.SIGUSR2, dump_tasks)
     try:
         await stack.start()
         if callable(on_ready):
