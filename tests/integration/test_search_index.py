@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memstream.errors import InvalidRequest, RetryableInfraError
+from memstream.errors import InvalidRequest, RetryableInfraError, StoreUnavailable
 from memstream.infra.settings import Settings
 from memstream.projections.messages import MessageStore, index_root
 from memstream.projections.messages.chdb_engine import ChdbEngine
@@ -22,6 +22,7 @@ from memstream.projections.messages.lexical_index import (
     IndexQuery,
     close_indexes,
 )
+from memstream.projections.messages.postings import POSTINGS_TABLE, POSTINGS_VIEW
 from memstream.projections.messages.sql import SearchSpec, query_words
 from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import encode, message_appended
@@ -31,11 +32,60 @@ from tests.integration.test_transcript_search import m, project, search
 
 
 async def _pair(chdb_engine: ChdbEngine, root: Path) -> tuple[MessageStore, MessageStore]:
-    """The same database through the index and through the posting lists."""
+    """The same database through the index and through the posting lists (which a store
+    without the index fills from the stored rows at its start: call its ``ensure_schema``
+    once the rows are in)."""
     db = f"t_{uuid.uuid4().hex[:12]}"
     indexed = MessageStore(chdb_engine, db, index_root=root)
     await indexed.ensure_schema()
     return indexed, MessageStore(chdb_engine, db)
+
+
+async def test_with_the_index_there_are_no_posting_lists_until_it_is_turned_off(
+    chdb_engine: ChdbEngine, tmp_path: Path
+) -> None:
+    """The index serves BM25, so no posting view slows the inserts: a database searched by
+    the posting lists before keeps them while its index is filled, then drops them; a start
+    without the index fills them again from the stored rows, and both find the same (every
+    match: messages of equal score may come in another order)."""
+    db = f"t_{uuid.uuid4().hex[:12]}"
+    plain = MessageStore(chdb_engine, db)
+    await plain.ensure_schema()
+    msgs = _corpus(random.Random(3))[:200]
+    await project(plain, msgs)
+    before = sorted(await search(plain, Caller("acc", "ag", "u3"), query="w4 w11", limit=50))
+    assert before
+
+    async def tables() -> set[str]:
+        rows = await chdb_engine.rows(
+            "SELECT name FROM system.tables WHERE database = {d:String}", {"d": db}
+        )
+        return {str(r[0]) for r in rows}
+
+    assert {POSTINGS_TABLE, POSTINGS_VIEW} <= await tables()
+    root = tmp_path / "tv"
+    indexed = MessageStore(chdb_engine, db, index_root=root)
+    await indexed.ensure_schema()  # fills the index, then the posting lists go
+    assert not {POSTINGS_TABLE, POSTINGS_VIEW} & await tables()
+    await project(indexed, msgs[:50])  # redelivered: no view to write postings
+    assert (
+        sorted(await search(indexed, Caller("acc", "ag", "u3"), query="w4 w11", limit=50)) == before
+    )
+    await indexed.erase_threads([("acc", "ag", "t5")])  # erasure without the table
+    await indexed.optimize()
+    await close_indexes(root)
+    off = MessageStore(chdb_engine, db)  # MEMSTREAM_TRANSCRIPT_INDEX=clickhouse
+    await off.ensure_schema()
+    assert {POSTINGS_TABLE, POSTINGS_VIEW} <= await tables()
+    callers = [Caller("acc", "ag", user) for user in ("u3", None)]
+    wants = [sorted(await search(off, c, query="w4 w11", limit=50)) for c in callers]
+    assert all(want and all(t != "t5" for t, _ in want) for want in wants), wants
+    again = MessageStore(chdb_engine, db, index_root=root)
+    await again.ensure_schema()  # the index turned on again: they go again
+    assert not {POSTINGS_TABLE, POSTINGS_VIEW} & await tables()
+    for caller, want in zip(callers, wants, strict=True):
+        assert sorted(await search(again, caller, query="w4 w11", limit=50)) == want
+    await close_indexes(root)
 
 
 def _ranked(hits: list) -> list[tuple[str, int, float]]:  # type: ignore[type-arg]
@@ -54,6 +104,7 @@ async def test_the_index_ranks_like_the_posting_lists(
     indexed, postings = await _pair(chdb_engine, tmp_path / "tv")
     await project(indexed, msgs)
     await project(indexed, msgs[::3])  # redelivered
+    await postings.ensure_schema()  # its posting lists, filled from the rows (copies too)
     exact = beyond = 0
     for q in range(60):
         words = " ".join(rng.sample(WORDS, rng.randint(1, 4)))
@@ -150,7 +201,10 @@ async def test_an_index_is_filled_at_start_and_again_after_an_interrupted_fill(
     (root / db / FILLING).touch()  # a fill interrupted by a crash
     await close_indexes(root)
     again = MessageStore(chdb_engine, db, index_root=root)
-    assert await search(again, query="w7 w30", limit=20) == before  # posting lists meanwhile
+    # the posting lists went once the index was filled: until it is filled again, search
+    # answers "unavailable, retry" (503 with Retry-After), never a partial result
+    with pytest.raises(StoreUnavailable, match="being filled"):
+        await search(again, query="w7 w30", limit=20)
     await again.ensure_schema()
     index = again.lexical_index()
     assert index is not None and not index.filling and await index.count() == 300
@@ -260,7 +314,9 @@ async def test_a_resumed_replay_fills_the_documents_a_stop_lost(
     await sink.switch(2)
     for user in ("u3", None):
         caller = Caller("acc", "ag", user)
+        plain = MessageStore(chdb_engine, live.database)
+        await plain.ensure_schema()  # the posting lists, filled from the switched rows
         assert await search(live, caller, query="w5 w9", limit=20) == await search(
-            MessageStore(chdb_engine, live.database), caller, query="w5 w9", limit=20
+            plain, caller, query="w5 w9", limit=20
         )
     await close_indexes(root)

@@ -36,7 +36,7 @@ from typing import Final, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memstream.errors import PermanentInfraError, RetryableInfraError
+from memstream.errors import PermanentInfraError, RetryableInfraError, StoreUnavailable
 from memstream.infra.embeddings import Embedder
 from memstream.projections.erased import ErasedThreads
 from memstream.projections.messages.arrow_batch import parse_journal_values
@@ -192,6 +192,8 @@ class MessageStore:
         # (account, agent, term) -> the term's statistics as the last search saw them: they
         # only choose between two exact paths (see lexical_search), so they need no expiry
         self._term_hints: dict[tuple[str, str, str], TermStats] = {}
+        # database -> whether its posting lists answer (:meth:`_has_postings`)
+        self._postings: dict[str, bool] = {}
         # database -> whether its hits' text is read from ``message_text`` (:mod:`.text_table`)
         self._text: dict[str, bool] = {}
         # (database, account, agent) -> thread -> its users, for the threads that have any
@@ -204,7 +206,14 @@ class MessageStore:
     async def ensure_schema(self, *, defer_postings: bool = False) -> None:
         """Create the database and tables if missing (idempotent). ``defer_postings`` (a
         replay's fresh target): the posting table without the view that fills it, marked
-        as waiting for :meth:`seal_postings`; a table already sealed stays as it is."""
+        as waiting for :meth:`seal_postings`; a table already sealed stays as it is.
+
+        With a lexical index (``index_root``) the index is where BM25 finds its candidates,
+        and there are **no posting lists**: a database that has them (searched by them
+        before) keeps them while its index is filled (searches use them meanwhile), then
+        they are dropped (their view cost every insert 2.5-5x: docs/transcript-search.md).
+        Turning the index off later (``MEMSTREAM_TRANSCRIPT_INDEX=clickhouse``) fills them
+        again from the stored rows at that start."""
         for stmt in ddl(self.database):
             await self.engine.command(stmt)
         rows = await self.engine.rows(has_terms_sql(self.database), {"database": self.database})
@@ -212,12 +221,13 @@ class MessageStore:
             log.warning("messages table predates ranked search: adding its terms column")
             for stmt in upgrade_ddl(self.database):
                 await self.engine.command(stmt)
-        if defer_postings:
-            await self._defer_postings()
-        else:
-            await self._ensure_postings()
-        await self._ensure_text(defer=defer_postings)
         index = self.lexical_index()
+        if index is None:
+            if defer_postings:
+                await self._defer_postings()
+            else:
+                await self._ensure_postings()
+        await self._ensure_text(defer=defer_postings)
         if index is None:
             return
         stored = await self.engine.rows(f"SELECT count() FROM {self.database}.messages", {})
@@ -240,6 +250,43 @@ class MessageStore:
             return
         if index.filling:
             await self._fill_index(index, int(str(stored[0][0])) if stored else 0)
+        await self._retire_postings()
+
+    async def _retire_postings(self) -> None:
+        """Drop the posting lists (view, table, markers) of a database whose lexical index
+        is filled: nothing reads them any more. Table and view go together, so a later start
+        without the index finds no table and fills it from the stored rows, never a stale
+        one. Idempotent."""
+        db = self.database
+        marker = f"{POSTINGS_TABLE}_filling"
+        has_view, has_table, deferred, filling = await self._tables(
+            POSTINGS_VIEW, POSTINGS_TABLE, POSTINGS_DEFERRED, marker
+        )
+        if not (has_view or has_table or deferred or filling):
+            return
+        log.warning(
+            "%s: dropping its posting lists, the lexical index serves BM25 now (they come "
+            "back, filled from the stored rows, at a start with MEMSTREAM_TRANSCRIPT_INDEX="
+            "clickhouse)",
+            db,
+        )
+        await self.engine.command(f"DROP VIEW IF EXISTS {db}.{POSTINGS_VIEW}")
+        for table in (POSTINGS_TABLE, POSTINGS_DEFERRED, marker):
+            await self.engine.command(f"DROP TABLE IF EXISTS {db}.{table}")
+        self._postings[db] = False
+
+    async def _has_postings(self) -> bool:
+        """Whether this database's posting lists can answer (there, and neither deferred nor
+        being filled); looked up once per database, then kept."""
+        db = self.database
+        known = self._postings.get(db)
+        if known is None:
+            marker = f"{POSTINGS_TABLE}_filling"
+            table, deferred, filling = await self._tables(POSTINGS_TABLE, POSTINGS_DEFERRED, marker)
+            known = table and not deferred and not filling
+            if known:
+                self._postings[db] = True  # a table that answers never stops answering here
+        return known
 
     def lexical_index(self, database: str | None = None) -> LexicalIndex | None:
         """The Tantivy index of ``database`` (this store's by default), opened on first use;
@@ -419,20 +466,22 @@ LIMIT {INDEX_FILL_BATCH}""",
         copies collapse as a replay's do). Exact only while nothing else writes into the
         tables, as in a replay's target before its switch."""
         db = self.database
-        has_view, deferred = await self._tables(POSTINGS_VIEW, POSTINGS_DEFERRED)
-        if not deferred:
-            if not has_view:
-                await self._ensure_postings()
-        else:
-            await self.engine.command(postings_view_ddl(db))
-            await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
-            await self.engine.command(f"DROP TABLE {db}.{POSTINGS_DEFERRED}")
-        await self._ensure_text()  # the deferred text too: its view, then one fill
         index = self.lexical_index()
+        if index is None:
+            has_view, deferred = await self._tables(POSTINGS_VIEW, POSTINGS_DEFERRED)
+            if not deferred:
+                if not has_view:
+                    await self._ensure_postings()
+            else:
+                await self.engine.command(postings_view_ddl(db))
+                await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
+                await self.engine.command(f"DROP TABLE {db}.{POSTINGS_DEFERRED}")
+        await self._ensure_text()  # the deferred text too: its view, then one fill
         if index is not None:
             await index.flush()  # the load's documents, held since the target was made
             if index.filling:  # a resumed replay's: one fill from the rows
                 await self._fill_index(index)
+            await self._retire_postings()  # (a target an earlier release deferred them in)
 
     async def write(self, rows: Sequence[MessageRow]) -> int:
         """Insert a batch; returns the message rows written. Durable on return. Rows of
@@ -860,8 +909,13 @@ LIMIT {INDEX_FILL_BATCH}""",
         index = self.lexical_index()
         if index is not None and not index.filling:
             candidates, dfs = await self._index_best(index, spec, (n_docs, avg_len), k)
-        else:
+        elif index is None or await self._has_postings():
             candidates, dfs = await self._posting_best(spec, (n_docs, avg_len), k)
+        else:  # a lost or interrupted index of a database without posting lists
+            raise StoreUnavailable(
+                "transcript search: the lexical index of this agent's messages is being "
+                "filled from the stored rows (after it was lost or interrupted); retry shortly"
+            )
         ranked = rerank(
             spec.words,
             candidates,
@@ -975,8 +1029,11 @@ LIMIT {INDEX_FILL_BATCH}""",
         index = self.lexical_index()
         if index is not None:  # filled or filling (a fill reads what is left)
             await index.delete_threads([ThreadRef(a, g, t).key for a, g, t in unique])
-        # the text table whenever it is there, filled or filling
-        (has_text,) = await self._tables(TEXT_TABLE)
+        # the text table whenever it is there, filled or filling; the posting lists too
+        has_text, has_postings = await self._tables(TEXT_TABLE, POSTINGS_TABLE)
+        tables = ["messages", "message_vectors", "thread_users"]
+        if has_postings:
+            tables.insert(1, POSTINGS_TABLE)
         for i in range(0, len(unique), ERASE_CHUNK):
             chunk = unique[i : i + ERASE_CHUNK]
             found = await self.engine.rows(thread_keys_sql(self.database, chunk), {})
@@ -985,7 +1042,7 @@ LIMIT {INDEX_FILL_BATCH}""",
                 await self._erase_text(
                     [text_key(str(a), str(g), str(t), int(str(o))) for a, g, t, o, _ in found]
                 )
-            for table in ("messages", POSTINGS_TABLE, "message_vectors", "thread_users"):
+            for table in tables:
                 await self.engine.command(erase_threads_sql(self.database, table, chunk))
         return stored
 
@@ -1022,7 +1079,9 @@ LIMIT {INDEX_FILL_BATCH}""",
         """Force merges now (collapses duplicates on disk). For operators and tests; search
         never depends on it."""
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.messages FINAL")
-        await self.engine.command(f"OPTIMIZE TABLE {self.database}.{POSTINGS_TABLE} FINAL")
+        (has_postings,) = await self._tables(POSTINGS_TABLE)
+        if has_postings:
+            await self.engine.command(f"OPTIMIZE TABLE {self.database}.{POSTINGS_TABLE} FINAL")
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.thread_users FINAL")
 
 
