@@ -40,7 +40,8 @@ def journal_ends(rows: list[dict[str, object]]) -> dict[str, int]:
     """Per group, the records its journal topic holds (sum of the partitions' end offsets)."""
     out: dict[str, int] = {}
     for r in rows:
-        if str(r["topic"]).endswith("journal"):
+        # consumer rows only (``relay:journal`` counts what is not on the topic yet)
+        if str(r["topic"]).endswith("journal") and r["partition"] is not None:
             end = r["end_offset"]
             assert isinstance(end, int)
             out[str(r["group"])] = out.get(str(r["group"]), 0) + end
