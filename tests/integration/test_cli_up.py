@@ -160,7 +160,8 @@ async def test_up_produce_stop_restart(traversable_tmp: Path, tmp_path: Path) ->
             "relay:journal",
             "relay:memory",
         }
-        relays = {row["group"]: row for row in lag_rows if row["group"].startswith("relay:")}
+        relays = {row["group"]: row for row in lag_rows if row["kind"] == "relay"}
+        assert all(row["kind"] == "consumer" for row in lag_rows if row not in relays.values())
         assert relays["relay:journal"]["state"] == "running", relays
         assert all(isinstance(row["lag"], int) for row in relays.values()), relays
 

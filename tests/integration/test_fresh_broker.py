@@ -41,7 +41,7 @@ def journal_ends(rows: list[dict[str, object]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in rows:
         # consumer rows only (``relay:journal`` counts what is not on the topic yet)
-        if str(r["topic"]).endswith("journal") and r["partition"] is not None:
+        if str(r["topic"]).endswith("journal") and r["kind"] == "consumer":
             end = r["end_offset"]
             assert isinstance(end, int)
             out[str(r["group"])] = out.get(str(r["group"]), 0) + end

@@ -49,6 +49,7 @@ async def test_unpublished_outbox_rows_are_the_memory_relays_lag(pg_dsn: str) ->
     dsn = await _migrated(pg_dsn)
     assert await _relay_rows({}, dsn, TOPICS) == [
         {
+            "kind": "relay",
             "group": "relay:memory",
             "topic": "memstream.memory",
             "partition": None,

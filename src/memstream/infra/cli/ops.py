@@ -133,6 +133,7 @@ async def _relay_rows(
         snap = loops.get(RELAY_LOOPS[relay]) if isinstance(loops, dict) else None
         rows.append(
             {
+                "kind": "relay",
                 "group": f"relay:{relay}",
                 "topic": topics.journal if relay == "journal" else topics.memory,
                 "partition": None,
@@ -171,6 +172,7 @@ def _with_state(rows: list[object], states: dict[str, str]) -> list[dict[str, ob
     out = []
     for r in rows:
         d: dict[str, object] = r.to_dict()  # type: ignore[attr-defined]
+        d["kind"] = "consumer"
         d["state"] = states.get(str(d["group"]))
         out.append(d)
     return out
