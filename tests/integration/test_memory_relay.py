@@ -62,6 +62,26 @@ async def pending(pool: asyncpg.Pool) -> int:
     return int(await pool.fetchval("SELECT count(*) FROM memory_outbox WHERE published_at IS NULL"))
 
 
+async def _published_by_running(relay: OutboxRelay, pool: asyncpg.Pool, content: str) -> None:
+    """Run ``relay``, store one entry once it holds the lock and listens, and wait until it
+    published it (its poll is far longer than the wait: only a NOTIFY wakes it in time)."""
+    task = asyncio.create_task(relay.run())
+    try:
+        await asyncio.sleep(0.3)  # let it take the lock and LISTEN
+        svc = MemoryService(pool, FixedClock(), binding=EVERY_AGENT_BOUND)
+        c = Caller("acc", f"relay{next(_agents)}", None)
+        await svc.store(c, "woken", content, "observation", "shared")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while await pending(pool) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert await pending(pool) == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def test_drain_publishes_in_order_keyed_by_agent_and_marks_rows(
     pg_pool: asyncpg.Pool, bus: Bus, topics: Topics, kafka_bootstrap: str
 ) -> None:
@@ -109,23 +129,7 @@ async def test_run_wakes_on_notify(
 ) -> None:
     relay = OutboxRelay(pg_pool, bus, topics.memory, poll_interval_s=60.0)
     await relay.drain()
-    task = asyncio.create_task(relay.run())
-    try:
-        await asyncio.sleep(0.3)  # let it take the lock and LISTEN
-        svc = MemoryService(pg_pool, FixedClock(), binding=EVERY_AGENT_BOUND)
-        c = Caller("acc", f"relay{next(_agents)}", None)
-        await svc.store(
-            c, "woken", "published without waiting for the poll", "observation", "shared"
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while await pending(pg_pool) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        assert await pending(pg_pool) == 0
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await _published_by_running(relay, pg_pool, "published without waiting for the poll")
 
 
 async def test_a_relay_whose_lock_session_died_stops_and_takes_the_lock_again(
@@ -158,20 +162,7 @@ async def test_a_relay_whose_lock_session_died_stops_and_takes_the_lock_again(
             await task
     # run again (what the supervisor does): it takes the lock, LISTENs and is woken
     again = OutboxRelay(pg_pool, bus, topics.memory, poll_interval_s=60.0)
-    task = asyncio.create_task(again.run())
-    try:
-        await asyncio.sleep(0.3)
-        svc = MemoryService(pg_pool, FixedClock(), binding=EVERY_AGENT_BOUND)
-        c = Caller("acc", f"relay{next(_agents)}", None)
-        await svc.store(c, "after", "published after the restart", "observation", "shared")
-        deadline = loop.time() + 10
-        while await pending(pg_pool) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        assert await pending(pg_pool) == 0
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await _published_by_running(again, pg_pool, "published after the restart")
 
 
 async def test_rows_kept_by_the_outbox_go_out_again_when_the_broker_lost_its_log(
