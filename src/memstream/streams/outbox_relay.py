@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import asyncpg
 import orjson
 
-from memstream.agents_ctx.memory.outbox import OUTBOX_CHANNEL
+from memstream.agents_ctx.memory.outbox import OUTBOX_CHANNEL, unpublished_count
 from memstream.errors import InfraError, StoreUnavailable
 from memstream.infra.data_keys import Keyring, memory_scope
 from memstream.schemas.topics import memory_key
@@ -172,10 +172,7 @@ class OutboxRelay:
         return n
 
     async def backlog(self) -> int:
-        n = await self._pool.fetchval(
-            "SELECT count(*) FROM memory_outbox WHERE published_at IS NULL"
-        )
-        return int(n)
+        return await unpublished_count(self._pool)
 
     async def prune(self) -> int:
         """Delete rows published longer ago than ``retention`` (the topic has them)."""

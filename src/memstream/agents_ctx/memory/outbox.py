@@ -29,6 +29,13 @@ ENTRY_COLUMNS: Final = (
 NEXT_VERSION: Final = "nextval('memory_version_seq')"
 
 
+async def unpublished_count(db: asyncpg.Pool | asyncpg.Connection) -> int:
+    """Outbox rows the relay has not published yet (its backlog: ``memstream lag``'s
+    ``relay:memory``, the console, ``memstream_relay_backlog{relay="memory"}``)."""
+    n = await db.fetchval("SELECT count(*) FROM memory_outbox WHERE published_at IS NULL")
+    return int(n)
+
+
 def entry_of_row(row: Mapping[str, object]) -> MemoryEntry:
     """A ``memory_entries`` row as a record."""
     return MemoryEntry(

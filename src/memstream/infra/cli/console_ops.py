@@ -63,10 +63,9 @@ class StackOperations:
         if self._stack.journal_relay is not None:
             out["journal"] = self._stack.journal_relay.backlog
         if self._stack.pool is not None:
-            n = await self._stack.pool.fetchval(
-                "SELECT count(*) FROM memory_outbox WHERE published_at IS NULL"
-            )
-            out["memory"] = int(n)
+            from memstream.agents_ctx.memory.outbox import unpublished_count
+
+            out["memory"] = await unpublished_count(self._stack.pool)
         return out
 
     async def _retried(self) -> dict[str, float]:

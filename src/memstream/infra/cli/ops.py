@@ -153,10 +153,12 @@ async def _outbox_backlog(dsn: str) -> int | None:
     read or has no outbox (a database memstream never migrated)."""
     import asyncpg
 
+    from memstream.agents_ctx.memory.outbox import unpublished_count
+
     try:
         conn = await asyncpg.connect(dsn, timeout=5)
         try:
-            n = await conn.fetchval("SELECT count(*) FROM memory_outbox WHERE published_at IS NULL")
+            return await unpublished_count(conn)
         finally:
             await conn.close()
     except asyncpg.UndefinedTableError:
@@ -164,7 +166,6 @@ async def _outbox_backlog(dsn: str) -> int | None:
     except Exception as e:  # noqa: BLE001 - lag without the relay's row is still worth showing
         err.print(f"[yellow]memory relay backlog unknown[/]: cannot read Postgres ({e})")
         return None
-    return int(n)
 
 
 def _with_state(rows: list[object], states: dict[str, str]) -> list[dict[str, object]]:
