@@ -47,5 +47,9 @@ def test_a_batch_held_past_the_bound_is_named_in_the_state() -> None:
     assert describe_snapshot(snap, now=snap["busy_since"] + 196) == "running, one batch for 196s"
     st.idle()
     assert st.to_dict()["busy_since"] is None
+    st.working("a commit")
+    snap = st.to_dict()
+    assert describe_snapshot(snap, now=snap["busy_since"] + 45) == "running, a commit for 45s"
+    st.idle()
     st.waiting("postgres", "down")
     assert st.describe() == "waiting for postgres"

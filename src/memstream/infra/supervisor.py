@@ -16,14 +16,15 @@ console read it; see ``docs/operations.md``)::
     {"outbox-relay": {"state": "running" | "backoff" | "waiting" | "stopped",
                       "restarts": 0, "last_error": null | "ConnectionDoesNotExistError: ...",
                       "since": 1764600000.0, "waiting_for": null | "postgres",
-                      "busy_since": null | 1764600100.0}}
+                      "busy_since": null | 1764600100.0, "busy_with": null | "one batch"}}
 
 ``waiting`` is a loop paused on a dependency that is away (a stream processor during a
 Postgres or Valkey outage: it retries the same batch, dead-letters nothing), ``waiting_for``
 names the dependency; ``backoff`` is a loop that failed and is started again. ``busy_since``
-is when the unit of work in hand began (a stream processor's batch), None between them: a
-loop ``running`` but on one batch for minutes is stuck in it, which ``state`` alone would
-not say (described ``running, one batch for 196s`` once past :data:`BUSY_SHOWN_AFTER_S`).
+is when the unit of work in hand began and ``busy_with`` what it is (a stream processor's
+batch, or its offset commit), None between them: a loop ``running`` but on one batch for
+minutes is stuck in it, which ``state`` alone would not say (described ``running, one batch
+for 196s`` once past :data:`BUSY_SHOWN_AFTER_S`).
 """
 
 from __future__ import annotations
@@ -58,14 +59,16 @@ class LoopState:
     waiting_for: str | None = None
     #: wall time the unit of work in hand began (None: between units)
     busy_since: float | None = None
+    #: what that unit of work is (``one batch``, ``a commit``)
+    busy_with: str | None = None
 
-    def working(self) -> None:
-        """A unit of work (a processor's batch) begins."""
-        self.busy_since = time.time()
+    def working(self, what: str = "one batch") -> None:
+        """A unit of work (a processor's batch, its commit) begins."""
+        self.busy_since, self.busy_with = time.time(), what
 
     def idle(self) -> None:
         """The unit of work in hand ended (done, failed or sought back)."""
-        self.busy_since = None
+        self.busy_since = self.busy_with = None
 
     def failed(self, error: BaseException | str) -> None:
         """A loop that retries by itself met an error: it is backing off (readiness shows
@@ -99,6 +102,7 @@ class LoopState:
             "since": self.since,
             "waiting_for": self.waiting_for,
             "busy_since": self.busy_since,
+            "busy_with": self.busy_with,
         }
 
 
@@ -112,7 +116,8 @@ def describe_snapshot(snap: Mapping[str, object], now: float | None = None) -> s
     if isinstance(busy, int | float):
         held = (time.time() if now is None else now) - busy
         if held >= BUSY_SHOWN_AFTER_S:
-            text += f", one batch for {held:.0f}s"
+            what = snap.get("busy_with")
+            text += f", {what if isinstance(what, str) else 'busy'} for {held:.0f}s"
     return text
 
 

@@ -396,7 +396,11 @@ class ProcessorConsumer:
                     continue
                 if time.monotonic() - self._last_commit_at >= self._commit_interval:
                     async with self._lock:
-                        await self._commit()
+                        self.state.working("a commit")  # a commit that never returns shows
+                        try:
+                            await self._commit()
+                        finally:
+                            self.state.idle()
             except asyncio.CancelledError:
                 raise
             except DependencyDown as e:
