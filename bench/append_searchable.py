@@ -16,8 +16,9 @@ batch that is not full waits for more records, and ``bulk_min``, the smallest ba
 ClickHouse parses in bulk; a third part ``:index`` adds the lexical index, Tantivy beside
 chdb, written beside each insert as ``memstream up`` runs it) runs on a fresh journal, topic
 and table in the same process, one after the other; the defaults are today's projector
-without and with the index (``0.25:2`` is the projector before issue 15). It prints p50/p99/max per entry, the batches written,
-rows per batch and the fraction of the run the projector spent writing.
+without and with the index (``0.25:2`` is the projector before issue 15). It prints
+p50/p99/max per entry, the batches written, rows per batch and the fraction of the run the
+projector spent writing.
 """
 
 from __future__ import annotations

@@ -339,16 +339,19 @@ async def converge(up: Up, timeout: float = 180) -> float:
         else:
             last = res.stderr
         await asyncio.sleep(1.0)
-    stuck = (
-        [
-            f"{r['group']}[{r['partition']}] lag {r['lag']} gap {r['gap']} ({r['state']})"
-            for r in json.loads(last or "[]")
-            if isinstance(r, dict) and (r.get("lag") or r.get("gap"))
-        ]
-        if last.startswith("[")
-        else [last[-2000:]]
-    )
-    raise AssertionError(f"no convergence in {timeout}s: {stuck}\n{await up.task_dump()}")
+    raise AssertionError(f"no convergence in {timeout}s: {_behind(last)}\n{await up.task_dump()}")
+
+
+def _behind(lag_output: str) -> list[str]:
+    """The rows of a ``memstream lag --json`` output not at lag 0 and gap 0 (or the output's
+    tail when it is not rows: an error)."""
+    if not lag_output.startswith("["):
+        return [lag_output[-2000:]]
+    return [
+        f"{r['group']}[{r['partition']}] lag {r['lag']} gap {r['gap']} ({r['state']})"
+        for r in json.loads(lag_output)
+        if isinstance(r, dict) and (r.get("lag") or r.get("gap"))
+    ]
 
 
 # --- checks ------------------------------------------------------------------------------------

@@ -9,10 +9,19 @@ from the running system's ``/readyz``).
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
 import asyncpg
 import pytest
 
 from memstream.infra.cli.ops import _relay_rows
+from memstream.infra.kafka.admin import ensure_topics
 from memstream.infra.postgres import create_pool, migrate
 from memstream.schemas.topics import Topics
 from tests.fixtures.stores import fresh_database
@@ -93,3 +102,46 @@ async def test_an_unknown_backlog_is_left_out_not_read_as_zero(
     down = "postgresql://memstream@127.0.0.1:9/memstream"
     assert await _relay_rows({"relays": {"journal": "x"}}, down, TOPICS) == []
     assert "memory relay backlog unknown" in capsys.readouterr().err
+
+
+async def test_max_lag_counts_a_relays_backlog(pg_dsn: str, kafka_bootstrap: str) -> None:
+    """``memstream lag --max-lag 0`` (what a script waits on) fails while entries wait in
+    the outbox, though no consumer row has any lag, and passes once they are published."""
+    dsn = await _migrated(pg_dsn)
+    await _outbox_rows(dsn, unpublished=2, published=0)
+    prefix = f"lagrelay{uuid.uuid4().hex[:8]}."
+    await ensure_topics(kafka_bootstrap, Topics(prefix), 2, 1)  # no consumer has read them
+    env = {
+        **os.environ,
+        "MEMSTREAM_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "MEMSTREAM_POSTGRES_DSN": dsn,
+        "MEMSTREAM_TOPIC_PREFIX": prefix,
+    }
+
+    def lag() -> subprocess.CompletedProcess[str]:
+        for _ in range(30):  # a new group's coordinator may need a moment on a fresh broker
+            res = subprocess.run(
+                [sys.executable, "-m", "memstream", "lag", "--json", "--max-lag", "0"],
+                capture_output=True,
+                check=False,
+                text=True,
+                timeout=120,
+                env=env,
+            )
+            if "GroupCoordinatorNotAvailable" not in res.stderr:
+                return res
+            time.sleep(1.0)
+        return res
+
+    res = await asyncio.to_thread(lag)
+    assert res.returncode == 1, res.stderr
+    assert "lag 2 exceeds --max-lag 0" in res.stderr
+    rows = json.loads(res.stdout)
+    assert all(r["lag"] == 0 for r in rows if r["kind"] == "consumer"), rows
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("UPDATE memory_outbox SET published_at = now()")
+    finally:
+        await conn.close()
+    res = await asyncio.to_thread(lag)
+    assert res.returncode == 0, res.stderr

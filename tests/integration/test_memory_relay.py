@@ -18,7 +18,7 @@ from memstream.infra.kafka.bus import Bus
 from memstream.schemas.events import Envelope, decode
 from memstream.schemas.records import Caller
 from memstream.schemas.topics import Topics
-from memstream.streams.outbox_relay import OutboxRelay
+from memstream.streams.outbox_relay import _RELAY_LOCK, OutboxRelay
 from tests.fixtures.binding import EVERY_AGENT_BOUND
 
 _agents = itertools.count(1)
@@ -150,7 +150,7 @@ async def test_a_relay_whose_lock_session_died_stops_and_takes_the_lock_again(
             await asyncio.sleep(0.05)
             holder = await pg_pool.fetchval(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND granted",
-                0x6D656D6F,
+                _RELAY_LOCK,
             )
         assert holder is not None, "the relay never took its lock"
         await pg_pool.execute("SELECT pg_terminate_backend($1)", holder)  # as a restart does

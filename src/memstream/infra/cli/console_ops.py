@@ -59,9 +59,9 @@ class StackOperations:
         ]
 
     async def relay_backlog(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        if self._stack.journal_relay is not None:
-            out["journal"] = self._stack.journal_relay.backlog
+        from memstream.infra.cli.health_wiring import relay_backlogs
+
+        out = relay_backlogs(self._stack)
         if self._stack.pool is not None:
             from memstream.agents_ctx.memory.outbox import unpublished_count
 

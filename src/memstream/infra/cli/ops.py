@@ -185,11 +185,11 @@ async def _lag_rows(
     groups: list[str],
     dsn: str,
     topics: Topics,
-) -> list[dict[str, object]]:
-    """The consumer rows with their processors' states, then the relays' rows."""
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The consumer rows with their processors' states, and the relays' rows."""
     report = await _running_report(data_dir)
     shown = _with_state(rows, _processor_states(report, groups))
-    return shown + await _relay_rows(report, dsn, topics)
+    return shown, await _relay_rows(report, dsn, topics)
 
 
 def _lag_table(rows: list[dict[str, object]]) -> Table:
@@ -262,7 +262,9 @@ def lag(
     (a skipped range, which lag alone would read as 0). Rows ``relay:journal`` and
     ``relay:memory`` count what the relays have not published yet (acknowledged, so no
     processor's lag counts it): caught up means every row at lag 0."""
-    from memstream.streams.lag import LagWatcher, consumer_lag, processor_groups
+    from memstream.streams.lag import LagRow, LagWatcher, consumer_lag, processor_groups
+    from memstream.streams.lag import max_gap as widest
+    from memstream.streams.lag import max_lag as biggest
 
     bootstrap, _ = _bootstrap(data_dir)
     s = settings_for_running(data_dir)
@@ -277,29 +279,29 @@ def lag(
     topics = Topics(s.topic_prefix)
     names = list(groups)
 
-    def check(shown: list[dict[str, object]]) -> None:
-        lags = [v for d in shown if isinstance(v := d["lag"], int)]
-        gaps = [v for d in shown if isinstance(v := d["gap"], int)]
-        if max_lag is not None and max(lags, default=0) > max_lag:
-            err.print(f"lag {max(lags)} exceeds --max-lag {max_lag}")
-            raise typer.Exit(1)
-        if max_gap is not None and max(gaps, default=0) > max_gap:
-            err.print(f"gap {max(gaps)} exceeds --max-gap {max_gap}")
-            raise typer.Exit(1)
-
     if not watch:
 
-        async def once() -> list[dict[str, object]]:
+        async def once() -> tuple[list[LagRow], list[dict[str, object]], list[dict[str, object]]]:
             rows = await consumer_lag(bootstrap, groups, load_coverage=load)
-            return await _lag_rows(data_dir, list(rows), names, dsn, topics)
+            consumers, relays = await _lag_rows(data_dir, list(rows), names, dsn, topics)
+            return rows, consumers, relays
 
-        shown = run(once())
-        assert isinstance(shown, list)
+        got = run(once())
+        assert isinstance(got, tuple)
+        rows, consumers, relays = got
+        shown = consumers + relays
         if as_json:
             print(orjson.dumps(shown).decode())
         else:
             _print_full(_lag_table(shown))
-        check(shown)
+        # a relay's backlog counts as lag (its gap is 0: it skips nothing)
+        lag_now = max([biggest(rows), *(v for r in relays if isinstance(v := r["lag"], int))])
+        if max_lag is not None and lag_now > max_lag:
+            err.print(f"lag {lag_now} exceeds --max-lag {max_lag}")
+            raise typer.Exit(1)
+        if max_gap is not None and widest(rows) > max_gap:
+            err.print(f"gap {widest(rows)} exceeds --max-gap {max_gap}")
+            raise typer.Exit(1)
         return
 
     async def loop() -> None:
@@ -307,7 +309,8 @@ def lag(
         with Live(console=out, refresh_per_second=4) as live:
             while True:
                 rows = await watcher.poll(load_coverage=load)
-                shown = await _lag_rows(data_dir, list(rows), names, dsn, topics)
+                consumers, relays = await _lag_rows(data_dir, list(rows), names, dsn, topics)
+                shown = consumers + relays
                 if as_json:
                     print(orjson.dumps({"ts": time.time(), "rows": shown}).decode())
                 else:

@@ -48,7 +48,8 @@ CANDIDATES: Final = 300
 """Tantivy hits re-scored per search: 3x the ranking window (measured enough at 1M)."""
 FILLING: Final = "filling"
 """A marker file in an index directory: the index is being (or waits to be) filled from
-ClickHouse; searches use the posting lists meanwhile and writes skip it."""
+ClickHouse; writes skip it, and searches use the posting lists meanwhile where the database
+still has them (else they answer "unavailable, retry": ``MessageStore.lexical_search``)."""
 WRITER_HEAP: Final = 64_000_000
 """The writer's memory budget per indexing thread (Tantivy flushes a segment when full)."""
 FILL_THREADS: Final = 2

@@ -41,6 +41,9 @@ POSTINGS_VIEW_VERSION: Final = "memstream postings 2"
 """The view's comment: which :func:`postings_select` it runs. A view without it (made before
 the SQL lost its ``GROUP BY``) is upgraded in place at start (``MessageStore.ensure_schema``);
 bump it whenever :func:`postings_select` changes."""
+POSTINGS_FILLING: Final = "message_terms_filling"
+"""Marker table: the one-off fill of the postings from ``messages`` has not finished (a start
+interrupted during it fills again)."""
 POSTINGS_DEFERRED: Final = "message_terms_deferred"
 """Marker table: this database's postings wait for ``MessageStore.seal_postings`` (a replay's
 bulk load, which skips the view)."""

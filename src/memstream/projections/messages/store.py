@@ -53,6 +53,7 @@ from memstream.projections.messages.lexical_index import (
 )
 from memstream.projections.messages.postings import (
     POSTINGS_DEFERRED,
+    POSTINGS_FILLING,
     POSTINGS_TABLE,
     POSTINGS_VIEW,
     POSTINGS_VIEW_VERSION,
@@ -230,8 +231,9 @@ class MessageStore:
         await self._ensure_text(defer=defer_postings)
         if index is None:
             return
-        stored = await self.engine.rows(f"SELECT count() FROM {self.database}.messages", {})
-        empty = not stored or not int(str(stored[0][0]))
+        counted = await self.engine.rows(f"SELECT count() FROM {self.database}.messages", {})
+        stored = int(str(counted[0][0])) if counted else 0
+        empty = not stored
         if not index.filling and empty and await index.count():
             # an index outliving its tables (a database dropped by hand): filled again
             log.warning("lexical index of %s holds messages its tables do not", self.database)
@@ -249,7 +251,7 @@ class MessageStore:
                 index.mark_filling()
             return
         if index.filling:
-            await self._fill_index(index, int(str(stored[0][0])) if stored else 0)
+            await self._fill_index(index, stored)
         await self._retire_postings()
 
     async def _retire_postings(self) -> None:
@@ -258,9 +260,8 @@ class MessageStore:
         without the index finds no table and fills it from the stored rows, never a stale
         one. Idempotent."""
         db = self.database
-        marker = f"{POSTINGS_TABLE}_filling"
         has_view, has_table, deferred, filling = await self._tables(
-            POSTINGS_VIEW, POSTINGS_TABLE, POSTINGS_DEFERRED, marker
+            POSTINGS_VIEW, POSTINGS_TABLE, POSTINGS_DEFERRED, POSTINGS_FILLING
         )
         if not (has_view or has_table or deferred or filling):
             return
@@ -271,7 +272,7 @@ class MessageStore:
             db,
         )
         await self.engine.command(f"DROP VIEW IF EXISTS {db}.{POSTINGS_VIEW}")
-        for table in (POSTINGS_TABLE, POSTINGS_DEFERRED, marker):
+        for table in (POSTINGS_TABLE, POSTINGS_DEFERRED, POSTINGS_FILLING):
             await self.engine.command(f"DROP TABLE IF EXISTS {db}.{table}")
         self._postings[db] = False
 
@@ -281,8 +282,9 @@ class MessageStore:
         db = self.database
         known = self._postings.get(db)
         if known is None:
-            marker = f"{POSTINGS_TABLE}_filling"
-            table, deferred, filling = await self._tables(POSTINGS_TABLE, POSTINGS_DEFERRED, marker)
+            table, deferred, filling = await self._tables(
+                POSTINGS_TABLE, POSTINGS_DEFERRED, POSTINGS_FILLING
+            )
             known = table and not deferred and not filling
             if known:
                 self._postings[db] = True  # a table that answers never stops answering here
@@ -397,18 +399,12 @@ LIMIT {INDEX_FILL_BATCH}""",
         marker table stands while that fill runs, so a start interrupted during it fills
         again (postings of the same message collapse: the queries read ``FINAL``)."""
         db = self.database
-        marker = f"{POSTINGS_TABLE}_filling"
-        present = await self.engine.rows(
-            "SELECT countIf(name = {table:String}), countIf(name = {marker:String}) "
-            "FROM system.tables WHERE database = {database:String}",
-            {"database": db, "table": POSTINGS_TABLE, "marker": marker},
-        )
-        has_table, filling = (int(str(v)) for v in present[0]) if present else (0, 0)
+        has_table, filling = await self._tables(POSTINGS_TABLE, POSTINGS_FILLING)
         if has_table and not filling:
             await self._current_view()
             return
         await self.engine.command(
-            f"CREATE TABLE IF NOT EXISTS {db}.{marker} (x UInt8) ENGINE = Log"
+            f"CREATE TABLE IF NOT EXISTS {db}.{POSTINGS_FILLING} (x UInt8) ENGINE = Log"
         )
         await self.engine.command(postings_table_ddl(db))
         await self.engine.command(postings_view_ddl(db))
@@ -416,7 +412,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         if stored and int(str(stored[0][0])):
             log.warning("filling the posting lists of %s.messages from its rows (one-off)", db)
         await self.engine.command(backfill_sql(db, POSTINGS_TABLE))
-        await self.engine.command(f"DROP TABLE {db}.{marker}")
+        await self.engine.command(f"DROP TABLE {db}.{POSTINGS_FILLING}")
 
     async def _current_view(self) -> None:
         """The postings view, created if missing, and upgraded in place when an earlier
