@@ -19,6 +19,7 @@ processor_last_commit_timestamp_seconds        gauge      processor
 consumer_lag                                   gauge      group, topic, partition
 consumer_gaps_total                            counter    processor, kind (rewound, accepted,
                                                           store)
+consumer_stalls_total                          counter    processor, remedy (seek, rebuild)
 projection_gap                                 gauge      projection
 dlq_events_total                               counter    processor, origin_topic
 journal_append_seconds                         histogram  -
@@ -149,6 +150,14 @@ class Metrics:
             "less than the committed offset (lost acknowledged writes) and the range was read "
             "again.",
             ["processor", "kind"],
+            registry=r,
+        )
+        self.consumer_stalls = Counter(
+            "memstream_consumer_stalls",
+            "Times a processor's consumer stopped making progress with records behind it "
+            "(see docs/streams.md, 'Stalls'), by remedy: seek (read again from what it "
+            "handled) or rebuild (a new Kafka consumer).",
+            ["processor", "remedy"],
             registry=r,
         )
         self.projection_gap = Gauge(

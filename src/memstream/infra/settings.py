@@ -160,6 +160,13 @@ class Settings(BaseSettings):
     # --- processors -------------------------------------------------------------------------
     consumer_session_timeout_s: float = 6.0
     consumer_heartbeat_interval_s: float = 0.5
+    consumer_stall_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A processor holding a partition with records it has not handled, none "
+        "handled for this long, reads it again from what it handled; if that does not help "
+        "within as long again (or a poll does not return), its Kafka consumer is built anew.",
+    )
     read_your_writes_timeout_s: float = 5.0
     read_your_writes_mark_ttl_s: int = Field(
         default=7 * 24 * 3600,

@@ -58,6 +58,25 @@ expected offset and the batch re-read (``memstream_consumer_gaps_total{kind="rew
 Only if the very same gap comes back (the broker no longer holds those records: retention,
 a lost log) is it accepted, logged as an error and counted as ``kind="accepted"``.
 
+Stalls (``consumer_stall_s``, 30 s). A consumer can stop making progress with no error at
+all: once in ~30 chaos runs a projector held its three partitions at offsets 44/18/28 of
+1060/375/677 for minutes after a broker ``kill -9``, state ``running``. aiokafka's
+``getmany`` waits for the group's next assignment without a timeout, and a partition whose
+committed offset never arrives is never fetched; a position moved past records that nothing
+follows is not a gap the check above can see. So, between polls, every ``stall_s / 3``:
+
+- a held partition whose end offset is past the offset expected next, and that has not moved
+  for ``stall_s``, is sought back to that offset (``memstream_consumer_stalls_total
+  {remedy="seek"}``);
+- one that is still not moving ``stall_s`` after that seek, or a poll that has not returned
+  after ``max(stall_s, rebalance timeout + 10 s)``, has its Kafka consumer built anew: what
+  was handled is committed, the old consumer closed (bounded), its partitions forgotten as on
+  a revoke, and a new member joins the group (``{remedy="rebuild"}``, an error in the log,
+  state ``backoff`` until it consumes again).
+
+A processor paused on a store's outage is not a stall: its clock starts after the store is
+back.
+
 No module-level state: every consumer and task is built inside :class:`ProcessorConsumer`.
 """
 
@@ -125,6 +144,10 @@ def group_id(settings: Settings, name: str) -> str:
     """Consumer group of processor ``name``: ``memstream-<name>`` with the default prefix."""
     prefix = settings.topic_prefix.rstrip(".-_") or "memstream"
     return f"{prefix}-{name}"
+
+
+class _Stuck(Exception):
+    """The Kafka consumer makes no progress with records behind it: build it anew."""
 
 
 # --- pure rules ------------------------------------------------------------------------------
@@ -264,20 +287,24 @@ class ProcessorConsumer:
             retry=retry,
             keyring=keyring,
         )
-        session = settings.consumer_session_timeout_s
         install()  # getmany hands over RawRecord objects built by the fetcher
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=self.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=int(session * 1000),
-            heartbeat_interval_ms=int(settings.consumer_heartbeat_interval_s * 1000),
-            rebalance_timeout_ms=int(max(session * 2, 10.0) * 1000),
-            # a partition added to the topic is noticed (and the group rebalanced) this soon
-            metadata_max_age_ms=int(settings.kafka_metadata_max_age_s * 1000),
-            value_deserializer=as_raw_record,
-        )
+        self._bootstrap = bootstrap
+        self._settings = settings
+        self._consumer = self._new_consumer()
+        rebalance_s = max(settings.consumer_session_timeout_s * 2, 10.0)
+        #: no progress on a partition with records behind it for this long is a stall
+        self._stall_s = settings.consumer_stall_s
+        #: a poll that has not returned after this long is stuck (a legitimate one waits at
+        #: most for a rebalance, which the group bounds by its rebalance timeout)
+        self._poll_stuck_s = max(settings.consumer_stall_s, rebalance_s + 10.0)
+        #: per held partition, (next offset expected, monotonic time it was first seen)
+        self._watched: dict[TopicPartition, tuple[int, float]] = {}
+        self._watch_at = time.monotonic()
+        #: partitions sought back for a stall, not moved since (a second stall: rebuild)
+        self._stall_sought: set[TopicPartition] = set()
+        self._rebuilds = 0
+        self._stalls_sought = metrics.consumer_stalls.labels(processor.name, "seek")
+        self._stalls_rebuilt = metrics.consumer_stalls.labels(processor.name, "rebuild")
         self._commit_interval = commit_interval_s
         #: this consume loop's supervised state (``infra.supervisor``: readiness, console)
         self.state = state if state is not None else LoopState()
@@ -311,6 +338,70 @@ class ProcessorConsumer:
         await self._consumer.start()
         self._task = asyncio.create_task(self._run(), name=f"consume-{self.processor.name}")
         self._task.add_done_callback(self._ended)
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        settings = self._settings
+        session = settings.consumer_session_timeout_s
+        return AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=int(session * 1000),
+            heartbeat_interval_ms=int(settings.consumer_heartbeat_interval_s * 1000),
+            rebalance_timeout_ms=int(max(session * 2, 10.0) * 1000),
+            # a partition added to the topic is noticed (and the group rebalanced) this soon
+            metadata_max_age_ms=int(settings.kafka_metadata_max_age_s * 1000),
+            value_deserializer=as_raw_record,
+        )
+
+    async def _rebuild(self, why: str) -> None:
+        """Replace the Kafka consumer by a new one (see "Stalls" in the module doc): commit
+        what was handled, close the old one (bounded: it may be the part that hangs), forget
+        its partitions as a revoke would, and join the group again. Called from the consume
+        loop, between batches."""
+        self._rebuilds += 1
+        self._stalls_rebuilt.inc()
+        log.error(
+            "%s: %s; building its Kafka consumer anew (rebuild %d); it reads on from what "
+            "it handled",
+            self.processor.name,
+            why,
+            self._rebuilds,
+        )
+        old = self._consumer
+        async with self._lock:
+            self._epoch += 1  # a poll of the old consumer is stale
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5.0):
+                    await self._commit()
+            held = set(old.assignment())
+        try:
+            async with asyncio.timeout(STOP_GRACE_S):
+                await old.stop()
+        except Exception as e:  # noqa: BLE001 - the old consumer is dropped either way
+            log.warning("%s: the old consumer did not close cleanly: %r", self.processor.name, e)
+        async with self._lock:
+            self._pending.clear()  # a later commit is the new member's, of what it handles
+            self._next.clear()
+            self._gap_seen.clear()
+            self._watched.clear()
+            self._stall_sought.clear()
+            if self.coverage is not None and held:
+                self.coverage.revoked((tp.topic, tp.partition) for tp in held)
+                self._gap_gauge.set(self.coverage.gap())
+            self._consumer = self._new_consumer()
+            self._consumer.subscribe([self.topic], listener=_Listener(self))
+        backoff = MIN_BACKOFF_S
+        while not self._stopping:
+            try:
+                await self._consumer.start()
+                break
+            except Exception as e:  # noqa: BLE001 - e.g. the broker is away: try again
+                log.warning("%s: the new consumer did not start: %r", self.processor.name, e)
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+        self._watch_at = time.monotonic()
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         """The consume task ended: expected on stop; else say so loudly (readiness too) and
@@ -394,15 +485,15 @@ class ProcessorConsumer:
                 batch, offsets = await self._poll()
                 if batch and not await self._hand_over(batch, offsets, epoch):
                     continue
+                if time.monotonic() - self._watch_at >= self._stall_s / 3:
+                    await self._watch()
                 if time.monotonic() - self._last_commit_at >= self._commit_interval:
-                    async with self._lock:
-                        self.state.working("a commit")  # a commit that never returns shows
-                        try:
-                            await self._commit()
-                        finally:
-                            self.state.idle()
+                    await self._periodic_commit()
             except asyncio.CancelledError:
                 raise
+            except _Stuck as e:
+                self.state.failed(str(e))
+                await self._rebuild(str(e))
             except DependencyDown as e:
                 # a store is away (the batch was sought back, nothing committed or
                 # dead-lettered): wait for it, then hand the same batch over again
@@ -446,6 +537,14 @@ class ProcessorConsumer:
                 self._dispatcher.paused_on = None
                 backoff = pause = MIN_BACKOFF_S
 
+    async def _periodic_commit(self) -> None:
+        async with self._lock:
+            self.state.working("a commit")  # a commit that never returns shows
+            try:
+                await self._commit()
+            finally:
+                self.state.idle()
+
     async def _hand_over(
         self, batch: list[RawRecord], offsets: dict[TopicPartition, int], epoch: int
     ) -> bool:
@@ -477,9 +576,7 @@ class ProcessorConsumer:
         want = proc.batch_max if proc.batch_max > 1 else POLL_RECORDS
         records: list[RawRecord] = []
         offsets: dict[TopicPartition, int] = {}
-        polled = await self._consumer.getmany(
-            timeout_ms=int(POLL_TIMEOUT_S * 1000), max_records=want
-        )
+        polled = await self._getmany(int(POLL_TIMEOUT_S * 1000), want)
         if not self._take(polled, records, offsets):
             return [], {}
         if proc.batch_max > 1 and records:
@@ -487,9 +584,7 @@ class ProcessorConsumer:
             while len(records) < want and not self._stopping:
                 left = deadline - time.monotonic()
                 try:
-                    more = await self._consumer.getmany(
-                        timeout_ms=max(0, int(left * 1000)), max_records=want - len(records)
-                    )
+                    more = await self._getmany(max(0, int(left * 1000)), want - len(records))
                 except BaseException:
                     self._rewind(records)  # handed over by aiokafka, not by us: re-read
                     raise
@@ -498,6 +593,86 @@ class ProcessorConsumer:
                 if not self._take(more, records, offsets):
                     return [], {}
         return records, offsets
+
+    async def _getmany(
+        self, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, Sequence[RawRecord]]:
+        """``getmany``, bounded: aiokafka's waits for the group's next assignment without a
+        timeout, so a group join that never ends would hold the loop for good (it showed as
+        a plain ``running`` beside a growing lag)."""
+        try:
+            async with asyncio.timeout(self._poll_stuck_s):
+                polled: Mapping[TopicPartition, Sequence[RawRecord]]
+                polled = await self._consumer.getmany(
+                    timeout_ms=timeout_ms, max_records=max_records
+                )
+                return polled
+        except TimeoutError:
+            raise _Stuck(f"a poll did not return for {self._poll_stuck_s:.0f}s") from None
+
+    async def _watch(self) -> None:
+        """The stall check, between polls that brought nothing: a held partition whose end
+        offset is past the offset expected next, and that has not moved for ``stall_s``, is
+        sought back to it (a position moved past records nothing follows, or a partition
+        the fetcher never started); one that stalls again after that raises :class:`_Stuck`
+        (the consumer is rebuilt). Unknown end offsets (broker away) check nothing."""
+        now = self._watch_at = time.monotonic()
+        if self._dispatcher.paused_on is not None:
+            self._watched.clear()  # a store's outage holds it back: the clock starts after
+            return
+        held = set(self._consumer.assignment())
+        for tp in list(self._watched):
+            if tp not in held:
+                del self._watched[tp]
+        if not held:
+            return
+        try:
+            async with asyncio.timeout(10.0):
+                ends = await self._consumer.end_offsets(sorted(held))
+                expected = {tp: await self._expected(tp) for tp in held}
+        except Exception as e:  # noqa: BLE001 - a check, never a stop
+            log.debug("%s: stall check skipped: %r", self.processor.name, e)
+            return
+        stalled: dict[TopicPartition, int] = {}
+        for tp in held:
+            want, end = expected[tp], int(ends.get(tp, 0))
+            seen = self._watched.get(tp)
+            if want >= end or seen is None or seen[0] != want:
+                self._watched[tp] = (want, now)  # caught up, or moved since the last check
+                if seen is not None and seen[0] != want:
+                    self._stall_sought.discard(tp)
+                continue
+            if now - seen[1] >= self._stall_s:
+                stalled[tp] = want
+        if not stalled:
+            return
+        names = ", ".join(f"{tp.topic}[{tp.partition}] at {o}" for tp, o in sorted(stalled.items()))
+        if stalled.keys() & self._stall_sought:
+            raise _Stuck(f"{names} still not moving after a seek")
+        self._stalls_sought.inc()
+        log.warning(
+            "%s: %s: records behind, none handled for %.0fs; reading again from there",
+            self.processor.name,
+            names,
+            self._stall_s,
+        )
+        async with self._lock:
+            for tp, want in stalled.items():
+                self._seek(tp, want)
+                self._watched[tp] = (want, now)
+                self._stall_sought.add(tp)
+
+    async def _expected(self, tp: TopicPartition) -> int:
+        """The offset ``tp``'s next record must have: tracked, else committed, else the
+        partition's start."""
+        want = self._next.get(tp)
+        if want is not None:
+            return want
+        committed = await self._consumer.committed(tp)
+        if committed is not None and committed >= 0:
+            return int(committed)
+        starts = await self._consumer.beginning_offsets([tp])
+        return int(starts.get(tp, 0))
 
     def _take(
         self,
