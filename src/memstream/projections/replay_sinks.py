@@ -101,6 +101,7 @@ class MessagesSink:
             erased=self.live.erased,
             bulk_parse=self.live.bulk_parse,
             index_root=self.live.index_root,
+            vector_root=self.live.vector_root,
         )
 
     async def prepare(self, generation: int, *, fresh: bool) -> None:
@@ -157,6 +158,8 @@ class MessagesSink:
         new = database_of(self.base, generation)
         if new != self.live.database:  # the dense side's vectors carry over: no re-embedding
             await self.live.engine.command(carry_vectors_sql(self.live.database, new))
+        if self.live.embedder is not None:  # and fill the new generation's vector index
+            await self.store(generation).ensure_vectors(self.live.embedder.model)
         self.live.database = new
 
     async def drop(self, generation: int) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "row_of_envelope",
     "row_of_message",
     "store_from_settings",
+    "vector_root",
 ]
 
 
@@ -57,7 +58,30 @@ def store_from_settings(settings: Settings) -> MessageStore:
     """The message store the settings ask for: ``clickhouse_url`` or chdb under
     ``<data_dir>/clickhouse`` (one process per directory: chdb locks it)."""
     engine = build_engine(settings.clickhouse_url, settings.resolved_data_dir() / "clickhouse")
-    return MessageStore(engine, settings.clickhouse_database, index_root=index_root(settings))
+    return MessageStore(
+        engine,
+        settings.clickhouse_database,
+        index_root=index_root(settings),
+        vector_root=vector_root(settings),
+    )
+
+
+def vector_root(settings: Settings) -> Path | None:
+    """Where the vector indexes live (``<data_dir>/vectors``), or None when the dense side
+    scans ``message_vectors`` in ClickHouse: a ClickHouse server (its writers and readers
+    may be other processes) or ``transcript_vector_index = "clickhouse"``."""
+    choice = settings.transcript_vector_index
+    if choice == "clickhouse":
+        return None
+    if settings.clickhouse_url:
+        if choice == "qdrant":
+            raise InvalidRequest(
+                "transcript_vector_index=qdrant needs embedded chdb (no clickhouse_url): a "
+                "ClickHouse server's writers are not the index's process",
+                field="transcript_vector_index",
+            )
+        return None
+    return settings.resolved_data_dir() / "vectors"
 
 
 def index_root(settings: Settings) -> Path | None:

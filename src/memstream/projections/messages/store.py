@@ -119,6 +119,15 @@ from memstream.projections.messages.text_table import (
     text_view_ddl,
 )
 from memstream.projections.messages.text_table import backfill_sql as text_backfill_sql
+from memstream.projections.messages.vector_index import (
+    DenseQuery,
+    VectorIndex,
+    VectorRow,
+    close_vector_indexes,
+    drop_vector_indexes,
+    model_dir,
+    open_vector_index,
+)
 from memstream.schemas.records import ThreadRef
 
 log = logging.getLogger(__name__)
@@ -140,6 +149,8 @@ INDEX_FILL_BATCH: Final = 200_000
 """Messages read from ClickHouse per step of a lexical index fill."""
 ERASE_KEYS: Final = 5_000
 """Text keys deleted by one statement (a few hundred KB of literals)."""
+VECTOR_FILL_BATCH: Final = 5_000
+"""Vectors read from ClickHouse per step of a vector index fill (~8 MB at 384-d)."""
 BulkParse = Literal["arrow", "engine"]
 """Who parses a raw batch in :meth:`MessageStore.parse_journal_batch`: pyarrow in this
 process (the default: about half the cost, docs/transcript-search.md) or the ClickHouse
@@ -178,8 +189,12 @@ class MessageStore:
         *,
         bulk_parse: BulkParse = "arrow",
         index_root: Path | None = None,
+        vector_root: Path | None = None,
     ) -> None:
         self.engine = engine
+        # the vector indexes' directories (<vector_root>/<database>/<model>), or None: the
+        # dense side scans message_vectors in ClickHouse (a ClickHouse server)
+        self.vector_root = vector_root
         # the lexical index's directories (one per database: <index_root>/<database>), or
         # None: BM25 from the posting lists (a ClickHouse server, or Tantivy not installed)
         self.index_root = index_root
@@ -229,6 +244,8 @@ class MessageStore:
             else:
                 await self._ensure_postings()
         await self._ensure_text(defer=defer_postings)
+        if not defer_postings and self.embedder is not None:
+            await self.ensure_vectors(self.embedder.model)
         if index is None:
             return
         counted = await self.engine.rows(f"SELECT count() FROM {self.database}.messages", {})
@@ -289,6 +306,68 @@ class MessageStore:
             if known:
                 self._postings[db] = True  # a table that answers never stops answering here
         return known
+
+    def vector_index(self, model: str, database: str | None = None) -> VectorIndex | None:
+        """The vector index of ``model``'s vectors in ``database`` (this store's by default),
+        opened on first use; None without a ``vector_root``."""
+        if self.vector_root is None:
+            return None
+        return open_vector_index(self.vector_root / (database or self.database) / model_dir(model))
+
+    async def ensure_vectors(self, model: str) -> None:
+        """Fill this database's vector index of ``model`` from ``message_vectors`` when it
+        is missing, was interrupted while filling, or holds fewer points than the table has
+        vectors (a shard deleted or lost); idempotent, a no-op without a ``vector_root``.
+        The vector loop writes the index first, so a shard holding *more* is only a step
+        ahead of the table, never behind it."""
+        index = self.vector_index(model)
+        if index is None:
+            return
+        db = self.database
+        rows = await self.engine.rows(
+            f"SELECT uniqExact(account_id, agent_id, thread_id, `offset`) "
+            f"FROM {db}.message_vectors WHERE model = {{model:String}}",
+            {"model": model},
+        )
+        stored = int(str(rows[0][0])) if rows else 0
+        if not index.filling and await index.count() >= stored:
+            return
+        log.warning("filling the vector index of %s (%s) from its %d vectors", db, model, stored)
+        started = time.perf_counter()
+
+        async def batches() -> AsyncIterator[list[VectorRow]]:
+            after: tuple[str, str, str, int] = ("", "", "", -1)
+            while True:
+                table = await self.engine.arrow(
+                    f"""SELECT account_id, agent_id, thread_id, `offset`, vec
+FROM {db}.message_vectors
+WHERE model = {{model:String}}
+  AND (account_id, agent_id, thread_id, `offset`) > ({{a:String}}, {{g:String}}, {{t:String}}, {{o:Int64}})
+ORDER BY account_id, agent_id, thread_id, `offset`
+LIMIT {VECTOR_FILL_BATCH}""",
+                    {"model": model, "a": after[0], "g": after[1], "t": after[2], "o": after[3]},
+                )
+                if not table.num_rows:
+                    return
+                cols = [
+                    table.column(c).to_pylist()
+                    for c in ("account_id", "agent_id", "thread_id", "offset")
+                ]
+                vecs = table.column("vec").combine_chunks()
+                flat = vecs.values.to_numpy(zero_copy_only=False)
+                dims = len(flat) // len(vecs) if len(vecs) else 0
+                matrix = flat.reshape(len(vecs), dims)
+                out = []
+                for i, (a, g, t, o) in enumerate(zip(*cols, strict=True)):
+                    if (a, g, t, o) != after:  # unmerged copies are adjacent: keep one
+                        out.append(VectorRow(a, g, t, o, matrix[i]))
+                        after = (a, g, t, o)
+                yield out
+
+        n = await index.fill(batches)
+        log.warning(
+            "vector index of %s filled: %d vectors in %.1f s", db, n, time.perf_counter() - started
+        )
 
     def lexical_index(self, database: str | None = None) -> LexicalIndex | None:
         """The Tantivy index of ``database`` (this store's by default), opened on first use;
@@ -667,19 +746,7 @@ LIMIT {INDEX_FILL_BATCH}""",
             self.lexical_search(replace(spec, limit=max(spec.limit, DENSE_WINDOW), explain=True)),
         )
         vector, model = embedded[0], self.embedder.model
-        # one scan: the dense side's best, and the similarity of BM25's candidates
-        sql, params = dense_sql(
-            self.database,
-            spec,
-            vector,
-            model,
-            DENSE_WINDOW,
-            [(h.thread_id, h.offset) for h in lexical],
-        )
-        dense = {
-            (str(t), int(str(o))): float(str(sim))
-            for t, o, sim in await self.engine.rows(sql, params)
-        }
+        dense = await self.dense(spec, vector, model, [(h.thread_id, h.offset) for h in lexical])
         by_key = {(h.thread_id, h.offset): h for h in lexical}
         weight = _query_weight(lexical)
         scores = {k: coverage(h.relevance, weight) for k, h in by_key.items()}
@@ -712,6 +779,42 @@ LIMIT {INDEX_FILL_BATCH}""",
             if len(out) == spec.limit:
                 break
         return out
+
+    async def dense(
+        self,
+        spec: SearchSpec,
+        vector: Sequence[float],
+        model: str,
+        keys: Sequence[tuple[str, int]] = (),
+        *,
+        exact: bool = True,
+    ) -> dict[tuple[str, int], float]:
+        """The dense side: ``{(thread_id, offset): similarity}`` of the :data:`DENSE_WINDOW`
+        visible messages nearest to ``vector``, and of those at ``keys`` (BM25's candidates)
+        that have a vector. From the vector index when there is one and it is filled
+        (:mod:`.vector_index`; ``exact`` as :attr:`DenseQuery.exact`), else one scan of
+        ``message_vectors`` (:func:`~.sql.dense_sql`)."""
+        index = self.vector_index(model)
+        if index is not None and index.ready:
+            hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
+            prefix = ThreadRef(spec.account_id, spec.agent_id, "").key
+            return await index.nearest(
+                DenseQuery(
+                    spec.account_id,
+                    spec.agent_id,
+                    vector,
+                    DENSE_WINDOW,
+                    thread_id=spec.thread_id,
+                    hidden_threads=[h[len(prefix) :] for h in hidden],
+                    keys=keys,
+                    exact=exact,
+                )
+            )
+        sql, params = dense_sql(self.database, spec, vector, model, DENSE_WINDOW, keys)
+        return {
+            (str(t), int(str(o))): float(str(sim))
+            for t, o, sim in await self.engine.rows(sql, params)
+        }
 
     async def _hits_at(
         self,
@@ -1022,6 +1125,8 @@ LIMIT {INDEX_FILL_BATCH}""",
         Returns the message rows that were stored. Idempotent."""
         stored = 0
         unique = list(dict.fromkeys(threads))
+        for vectors in self._vector_indexes():
+            await vectors.delete_threads(unique)
         index = self.lexical_index()
         if index is not None:  # filled or filling (a fill reads what is left)
             await index.delete_threads([ThreadRef(a, g, t).key for a, g, t in unique])
@@ -1060,16 +1165,30 @@ LIMIT {INDEX_FILL_BATCH}""",
         )
         return [(str(r[0]), str(r[1])) for r in rows]
 
+    def _vector_indexes(self) -> list[VectorIndex]:
+        """This database's vector indexes, one per model that has a directory."""
+        if self.vector_root is None:
+            return []
+        root = self.vector_root / self.database
+        if not root.is_dir():
+            return []
+        return [open_vector_index(p) for p in sorted(root.iterdir()) if p.is_dir()]
+
     async def close(self) -> None:
-        """Commit and close the lexical indexes under this store's ``index_root`` (the
+        """Commit and close the lexical and vector indexes under this store's roots (the
         engine is closed by its owner)."""
         if self.index_root is not None:
             await close_indexes(self.index_root)
+        if self.vector_root is not None:
+            await close_vector_indexes(self.vector_root)
 
     async def drop_index(self, database: str) -> None:
-        """Delete ``database``'s lexical index (a dropped or rebuilt generation's)."""
+        """Delete ``database``'s lexical and vector indexes (a dropped or rebuilt
+        generation's)."""
         if self.index_root is not None:
             await drop_index(self.index_root / database)
+        if self.vector_root is not None:
+            await drop_vector_indexes(self.vector_root / database)
 
     async def optimize(self) -> None:
         """Force merges now (collapses duplicates on disk). For operators and tests; search

@@ -16,6 +16,8 @@ Guarantees:
 - Never writes a vector for a thread erased before the insert (the store's registry of
   erased threads is checked after embedding); erasure deletes the thread's vectors with its
   messages (:meth:`~.store.MessageStore.erase_thread`).
+- With a vector index (embedded chdb: :mod:`~.vector_index`), each batch is upserted there
+  first, then inserted into ``message_vectors``.
 - Vectors are not put in any persistent embedding cache: they are derived from message text,
   and the only copy is the row erasure deletes.
 """
@@ -31,6 +33,7 @@ import pyarrow as pa
 from memstream.infra.embeddings import Embedder
 from memstream.projections.messages.sql import pending_vectors_sql
 from memstream.projections.messages.store import MessageStore
+from memstream.projections.messages.vector_index import VectorRow
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,11 @@ class MessageVectors:
         if len(self.store.erased):
             await self.store.erased.refresh()
         kept = [(k, v) for k, v in zip(keys, vecs, strict=True) if k[:3] not in self.store.erased]
+        index = self.store.vector_index(self.embedder.model)
+        if kept and index is not None:
+            # the index first: a crash before the row leaves a point the next step writes
+            # again, never a row the index lacks (vector_index's guarantees)
+            await index.upsert([VectorRow(*k, v) for k, v in kept])
         if kept:
             table = pa.table(
                 [

@@ -1,0 +1,441 @@
+"""The transcript's vector index: the dense side of search in qdrant-edge, beside chdb.
+
+ClickHouse stays the record of every message's vector (``message_vectors``: what a replay
+carries over, what a ClickHouse server deployment scans). With embedded chdb, every vector
+is also a point of a qdrant-edge shard in ``<root>/<database>/<model>`` (one per generation
+and embedding model), keyed by the message's key, with its tenancy ids as payload. A search
+asks the shard for the :data:`~.sql.DENSE_WINDOW` nearest visible messages and for the
+similarity of BM25's candidates, instead of scanning every vector of the agent in SQL
+(measured: ClickHouse's exact scan cost ~1.1-1.6 µs a vector, 1,096 ms at 1M; the shard's
+exact scan ~0.15-0.2 µs: docs/transcript-search.md, "Dense side: the vector index").
+
+Guarantees:
+
+- **Exact.** A search scores every point its filters let through (qdrant-edge's SIMD scan of
+  the agent's points, found through the ``agent_id`` payload index): the same messages and
+  similarities as the SQL scan (tested), at a fraction of its cost. The shard can also walk
+  per-agent HNSW graphs (``DenseQuery.exact=False`` after :meth:`VectorIndex.maintain`),
+  which ``bench/transcript_vectors.py`` measures against the exact scan at 100k and 1M; the
+  serving process builds none: qdrant-edge's ``optimize()`` holds the GIL for the whole
+  build (measured: another Python thread got no time slice during a 12 s build), which
+  would freeze every request of ``memstream up`` for minutes at that size.
+- **Idempotent writes.** A point's id is derived from the message's key, so a redelivered
+  or re-embedded vector overwrites itself. The vector loop upserts here *before* it inserts
+  into ``message_vectors``: a crash between the two leaves a point whose row the next step
+  embeds and writes again, never a row without its point.
+- **Filled from the record.** A shard missing, interrupted while filling (a marker file),
+  or holding fewer points than ``message_vectors`` has vectors of its model is filled from
+  ClickHouse at start (``MessageStore.ensure_schema``) and by a replay's switch; searches
+  scan ClickHouse meanwhile (:attr:`VectorIndex.ready`), never an incomplete shard.
+- **Privacy in the query.** The account, agent, thread scope and the caller's hidden threads
+  (other users' private threads, ``MessageStore._hidden_threads``) are filter conditions of
+  the scan itself, never a post-filter of its results.
+- Queries release the GIL (a spinning thread kept running beside them); a write holds it
+  for its batch, so fills write :data:`UPSERT_CHUNK` points at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+from qdrant_edge import (
+    AcornSearchParams,
+    CountRequest,
+    Distance,
+    EdgeConfig,
+    EdgeOptimizersConfig,
+    EdgeShard,
+    EdgeVectorParams,
+    FieldCondition,
+    Filter,
+    HasIdCondition,
+    HnswIndexConfig,
+    KeywordIndexParams,
+    MatchAny,
+    MatchValue,
+    Point,
+    Query,
+    QueryRequest,
+    SearchParams,
+    UpdateOperation,
+)
+
+from memstream.projections.memory_index.tuning import IndexTuning
+from memstream.projections.messages.text_table import text_key
+
+DENSE: Final = "dense"
+FILLING: Final = "filling"
+"""A marker file in a shard's directory: the shard is being (or waits to be) filled from
+ClickHouse; searches scan ClickHouse meanwhile."""
+_POINT_NS: Final = uuid.UUID("5b0c6a2e-4f6b-4d87-9a43-2f1d1c6c7e10")
+
+TUNING: Final = IndexTuning(
+    m=0,
+    ef_construct=100,
+    payload_m=16,
+    full_scan_kb=10_000,
+    hnsw_ef=256,
+    tenant_fields=("agent_id",),
+    graph_fields=("agent_id",),
+    acorn_max_selectivity=1.0,
+)
+"""The graphs :meth:`VectorIndex.maintain` would build: one HNSW graph per agent (``m =
+0``, ``payload_m = 16`` on ``agent_id``), no collection-wide graph, as every search filters on
+one agent; the walk's ``hnsw_ef`` and ACORN rule as measured by
+``bench/transcript_vectors.py``. The serving process scans exactly (module docstring)."""
+
+OPTIMIZE_AFTER: Final = 20_000
+"""Points not yet in an HNSW graph that make :meth:`VectorIndex.maintain` build one."""
+UPSERT_CHUNK: Final = 1_000
+"""Points per write of a fill (a write holds the GIL: ~50 ms for 1,000 at 384-d)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VectorRow:
+    """One message's vector as the index holds it."""
+
+    account_id: str
+    agent_id: str
+    thread_id: str
+    offset: int
+    vector: Sequence[float] | np.ndarray[Any, Any]
+
+    @property
+    def key(self) -> str:
+        return text_key(self.account_id, self.agent_id, self.thread_id, self.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class DenseQuery:
+    """The dense side of one search: the ``k`` nearest visible messages to ``vector``, and
+    the similarity of the messages at ``keys`` (BM25's candidates) that have a vector."""
+
+    account_id: str
+    agent_id: str
+    vector: Sequence[float]
+    k: int
+    thread_id: str | None = None
+    hidden_threads: Sequence[str] = ()
+    keys: Sequence[tuple[str, int]] = ()
+    exact: bool = True
+    """True: score every filtered point (what searches do); False: walk the HNSW graphs
+    :meth:`VectorIndex.maintain` built (benches), scanning points not in one."""
+
+
+def point_id(account_id: str, agent_id: str, thread_id: str, offset: int) -> str:
+    """The point id of a message: a UUID derived from its key."""
+    return str(uuid.uuid5(_POINT_NS, text_key(account_id, agent_id, thread_id, offset)))
+
+
+def model_dir(model: str) -> str:
+    """A model name as a directory name."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", model) or "_"
+
+
+def shard_config(dimensions: int, tuning: IndexTuning) -> EdgeConfig:
+    optimizers = (
+        EdgeOptimizersConfig(indexing_threshold=tuning.indexing_threshold_kb)
+        if tuning.indexing_threshold_kb is not None
+        else None
+    )
+    return EdgeConfig(
+        optimizers=optimizers,
+        vectors={DENSE: EdgeVectorParams(size=dimensions, distance=Distance.Cosine)},
+        hnsw_config=HnswIndexConfig(
+            m=tuning.m,
+            ef_construct=tuning.ef_construct,
+            full_scan_threshold=tuning.full_scan_kb,
+            payload_m=tuning.payload_m,
+        ),
+    )
+
+
+def _agent_filter(account_id: str, agent_id: str) -> list[Any]:
+    return [
+        FieldCondition("account_id", match=MatchValue(account_id)),
+        FieldCondition("agent_id", match=MatchValue(agent_id)),
+    ]
+
+
+def query_filter(q: DenseQuery) -> Filter:
+    """account AND agent [AND thread] AND NOT one of the caller's hidden threads."""
+    must = _agent_filter(q.account_id, q.agent_id)
+    if q.thread_id is not None:
+        must.append(FieldCondition("thread_id", match=MatchValue(q.thread_id)))
+    must_not: list[Any] = []
+    if q.hidden_threads:
+        must_not.append(FieldCondition("thread_id", match=MatchAny(list(q.hidden_threads))))
+    return Filter(must=must, must_not=must_not or None)
+
+
+class VectorIndex:
+    """One qdrant-edge shard of message vectors (see the module docstring). Every call
+    blocks in qdrant-edge, so each runs in a worker thread; the shard is created by the
+    first write (its dimensions are the first vector's)."""
+
+    def __init__(self, path: Path, tuning: IndexTuning = TUNING) -> None:
+        self.path = path
+        self.tuning = tuning
+        self._shard: EdgeShard | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._loaded = False
+
+    # --- state -----------------------------------------------------------------------------
+    @property
+    def filling(self) -> bool:
+        return (self.path / FILLING).exists()
+
+    @property
+    def ready(self) -> bool:
+        """Whether searches may read this shard (it holds every vector of the record)."""
+        return not self.filling and not self._closed
+
+    def mark_filling(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / FILLING).touch()
+
+    def _get(self) -> EdgeShard | None:
+        """The shard, loaded from its directory on first use (in a worker thread: a large
+        shard takes a while); None before the first write."""
+        with self._lock:
+            if not self._loaded:
+                self._loaded = True
+                p = self.path
+                if p.is_dir() and any(f.name != FILLING for f in p.iterdir()):
+                    self._shard = EdgeShard.load(str(p))
+            return self._shard
+
+    def _shard_for(self, dimensions: int) -> EdgeShard:
+        self._get()
+        with self._lock:
+            if self._shard is None:
+                self.path.mkdir(parents=True, exist_ok=True)
+                shard = EdgeShard.create(str(self.path), shard_config(dimensions, self.tuning))
+                for name in ("account_id", "agent_id", "thread_id"):
+                    shard.update(
+                        UpdateOperation.create_field_index(
+                            name,
+                            KeywordIndexParams(
+                                is_tenant=True if name in self.tuning.tenant_fields else None,
+                                enable_hnsw=self.tuning.builds_graph(name),
+                            ),
+                        )
+                    )
+                self._shard = shard
+            return self._shard
+
+    # --- writes ----------------------------------------------------------------------------
+    def _upsert_blocking(self, rows: Sequence[VectorRow]) -> None:
+        shard = self._shard_for(len(rows[0].vector))
+        shard.update(
+            UpdateOperation.upsert_points(
+                [
+                    Point(
+                        point_id(r.account_id, r.agent_id, r.thread_id, r.offset),
+                        # numpy rows are taken as they are (the stubs list only lists)
+                        {DENSE: r.vector},  # type: ignore[dict-item]
+                        {
+                            "account_id": r.account_id,
+                            "agent_id": r.agent_id,
+                            "thread_id": r.thread_id,
+                            "offset": r.offset,
+                        },
+                    )
+                    for r in rows
+                ]
+            )
+        )
+
+    async def upsert(self, rows: Sequence[VectorRow]) -> None:
+        """Write ``rows`` (durable on return: the shard's WAL)."""
+        if rows:
+            await asyncio.to_thread(self._upsert_blocking, rows)
+
+    def _delete_blocking(self, threads: Sequence[tuple[str, str, str]]) -> None:
+        shard = self._get()
+        if shard is None:
+            return
+        by_agent: dict[tuple[str, str], list[str]] = {}
+        for a, g, t in threads:
+            by_agent.setdefault((a, g), []).append(t)
+        for (a, g), ts in by_agent.items():
+            shard.update(
+                UpdateOperation.delete_points_by_filter(
+                    Filter(
+                        must=[
+                            *_agent_filter(a, g),
+                            FieldCondition("thread_id", match=MatchAny(ts)),
+                        ]
+                    )
+                )
+            )
+
+    async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> None:
+        """Delete every point of the ``(account, agent, thread)`` threads (erasure)."""
+        if threads:
+            await asyncio.to_thread(self._delete_blocking, threads)
+
+    async def fill(self, batches: Callable[[], AsyncIterator[list[VectorRow]]]) -> int:
+        """Upsert every row ``batches`` yields, under the filling marker (removed at the end:
+        the shard then answers searches). Returns the rows written."""
+        self.mark_filling()
+        n = 0
+        async for rows in batches():
+            for i in range(0, len(rows), UPSERT_CHUNK):
+                await self.upsert(rows[i : i + UPSERT_CHUNK])
+            n += len(rows)
+        (self.path / FILLING).unlink(missing_ok=True)
+        return n
+
+    # --- reads -----------------------------------------------------------------------------
+    def _count_blocking(self, account_id: str | None, agent_id: str | None) -> int:
+        shard = self._get()
+        if shard is None:
+            return 0
+        if account_id is None or agent_id is None:
+            return int(shard.count(CountRequest(exact=True)))
+        flt = Filter(must=_agent_filter(account_id, agent_id))
+        return int(shard.count(CountRequest(exact=False, filter=flt)))
+
+    async def count(self, account_id: str | None = None, agent_id: str | None = None) -> int:
+        """Points in the shard (exact), or of one agent (estimated from the payload index,
+        no point read)."""
+        return await asyncio.to_thread(self._count_blocking, account_id, agent_id)
+
+    def nearest_blocking(self, q: DenseQuery) -> dict[tuple[str, int], float]:
+        """``{(thread_id, offset): cosine similarity}`` of the ``k`` nearest visible messages
+        and of those at ``keys`` that are visible and have a vector, in the calling thread."""
+        shard = self._get()
+        if shard is None:
+            return {}
+        flt = query_filter(q)
+        params = (
+            SearchParams(exact=True)
+            if q.exact
+            else SearchParams(
+                hnsw_ef=self.tuning.hnsw_ef,
+                acorn=(
+                    AcornSearchParams(
+                        enable=True, max_selectivity=self.tuning.acorn_max_selectivity
+                    )
+                    if self.tuning.acorn_max_selectivity is not None
+                    else None
+                ),
+            )
+        )
+        vector = [float(x) for x in q.vector]
+        out: dict[tuple[str, int], float] = {}
+        hits = shard.query(
+            QueryRequest(
+                limit=q.k,
+                query=Query.Nearest(vector, using=DENSE),
+                filter=flt,
+                params=params,
+                with_payload=True,
+            )
+        )
+        for h in hits:
+            p = h.payload or {}
+            out[(str(p["thread_id"]), int(p["offset"]))] = float(h.score)
+        if q.keys:
+            ids: set[int | uuid.UUID | str] = {
+                point_id(q.account_id, q.agent_id, t, o) for t, o in q.keys
+            }
+            keyed = shard.query(
+                QueryRequest(
+                    limit=len(ids),
+                    query=Query.Nearest(vector, using=DENSE),
+                    filter=Filter(must=[HasIdCondition(ids), flt]),
+                    params=SearchParams(exact=True),
+                    with_payload=True,
+                )
+            )
+            for h in keyed:
+                p = h.payload or {}
+                out[(str(p["thread_id"]), int(p["offset"]))] = float(h.score)
+        # ties in the SQL scan's order (similarity, then thread and offset): the fusion keeps
+        # the dense side's order among equals
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    async def nearest(self, q: DenseQuery) -> dict[tuple[str, int], float]:
+        return await asyncio.to_thread(self.nearest_blocking, q)
+
+    # --- upkeep ----------------------------------------------------------------------------
+    def _maintain_blocking(self, force: bool) -> bool:
+        shard = self._get()
+        if shard is None:
+            return False
+        info = shard.info()
+        if not force and info.points_count - info.indexed_vectors_count < OPTIMIZE_AFTER:
+            return False
+        return bool(shard.optimize())
+
+    def maintain_blocking(self, force: bool = False) -> bool:
+        """:meth:`maintain` in the calling thread (an executor of the caller's choice)."""
+        return self._maintain_blocking(force)
+
+    async def maintain(self, *, force: bool = False) -> bool:
+        """Build the HNSW graphs of points not in one yet, once there are at least
+        :data:`OPTIMIZE_AFTER` of them (``force``: whatever their number). True if segments
+        were rebuilt. For benches: the build holds the GIL throughout (module docstring)."""
+        return await asyncio.to_thread(self._maintain_blocking, force)
+
+    def info(self) -> Any:
+        """Segments, points and indexed vectors (None before the first write): how a bench
+        or test checks that the graph was built."""
+        shard = self._get()
+        return None if shard is None else shard.info()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        def go() -> None:
+            with self._lock:
+                if self._shard is not None:
+                    self._shard.flush()
+                    self._shard.close()
+                    self._shard = None
+
+        await asyncio.to_thread(go)
+
+
+_OPEN: dict[Path, VectorIndex] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def open_vector_index(path: Path) -> VectorIndex:
+    """The process's one :class:`VectorIndex` at ``path`` (a shard has one owner)."""
+    path = path.resolve()
+    with _OPEN_LOCK:
+        index = _OPEN.get(path)
+        if index is None or index._closed:
+            index = _OPEN[path] = VectorIndex(path)
+        return index
+
+
+async def close_vector_indexes(root: Path) -> None:
+    """Close every vector index this process opened under ``root``."""
+    root = root.resolve()
+    with _OPEN_LOCK:
+        mine = [p for p in _OPEN if p.is_relative_to(root)]
+        indexes = [_OPEN.pop(p) for p in mine]
+    for index in indexes:
+        await index.close()
+
+
+async def drop_vector_indexes(path: Path) -> None:
+    """Close and delete every vector index under ``path`` (a dropped generation's)."""
+    await close_vector_indexes(path)
+    await asyncio.to_thread(shutil.rmtree, path.resolve(), True)
