@@ -787,7 +787,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         model: str,
         keys: Sequence[tuple[str, int]] = (),
         *,
-        exact: bool = True,
+        exact: bool | None = None,
     ) -> dict[tuple[str, int], float]:
         """The dense side: ``{(thread_id, offset): similarity}`` of the :data:`DENSE_WINDOW`
         visible messages nearest to ``vector``, and of those at ``keys`` (BM25's candidates)

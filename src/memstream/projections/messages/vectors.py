@@ -17,7 +17,9 @@ Guarantees:
   erased threads is checked after embedding); erasure deletes the thread's vectors with its
   messages (:meth:`~.store.MessageStore.erase_thread`).
 - With a vector index (embedded chdb: :mod:`~.vector_index`), each batch is upserted there
-  first, then inserted into ``message_vectors``.
+  first, then inserted into ``message_vectors``; once enough points are in no HNSW graph,
+  the step builds them (:meth:`~.vector_index.VectorIndex.build`, a child process; the
+  loop waits, searches do not).
 - Vectors are not put in any persistent embedding cache: they are derived from message text,
   and the only copy is the row erasure deletes.
 """
@@ -33,7 +35,7 @@ import pyarrow as pa
 from memstream.infra.embeddings import Embedder
 from memstream.projections.messages.sql import pending_vectors_sql
 from memstream.projections.messages.store import MessageStore
-from memstream.projections.messages.vector_index import VectorRow
+from memstream.projections.messages.vector_index import VectorIndex, VectorRow
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ IDLE_S: Final = 0.5
 """How long :meth:`MessageVectors.run` waits when nothing is pending."""
 QUIET_S: Final = 2.0
 """How long the messages table must hold still (no rows projected) before a batch is embedded."""
+BUILD_RETRY_S: Final = 300.0
+"""How long after a failed graph build the next one is tried."""
 MAX_DEFER_S: Final = 30.0
 """Under sustained appends, a batch is still embedded this long after the previous one."""
 
@@ -66,6 +70,7 @@ class MessageVectors:
         self.embedder = embedder
         self.batch = batch
         self.embedded = 0
+        self._build_retry_at = 0.0
 
     async def step(self) -> int:
         """Embed and store one batch of pending messages; returns how many vectors were
@@ -75,6 +80,7 @@ class MessageVectors:
             {"model": self.embedder.model, "n": self.batch},
         )
         if not rows:
+            await self._build(self.store.vector_index(self.embedder.model))  # once caught up
             return 0
         keys = [(str(r[0]), str(r[1]), str(r[2]), int(str(r[3]))) for r in rows]
         vecs = await self.embedder.embed([str(r[4]) for r in rows])
@@ -100,7 +106,23 @@ class MessageVectors:
             )
             await self.store.engine.insert_arrow(self.store.database, "message_vectors", table)
         self.embedded += len(kept)
+        await self._build(index)
         return len(kept)
+
+    async def _build(self, index: VectorIndex | None) -> None:
+        """The index's HNSW graphs, once enough points are in none (a child process; see
+        :meth:`VectorIndex.build`). A failed build is logged and tried again
+        :data:`BUILD_RETRY_S` later: embedding goes on, and searches scan the points not
+        in a graph meanwhile."""
+        now = asyncio.get_running_loop().time()
+        if index is None or not index.ready or now < self._build_retry_at:
+            return
+        try:
+            if await index.build():
+                log.info("vector index of %s: HNSW graphs built", self.store.database)
+        except Exception:
+            log.exception("vector index of %s: building its graphs failed", self.store.database)
+            self._build_retry_at = now + BUILD_RETRY_S
 
     async def catch_up(self) -> int:
         """Step until nothing is pending; returns the messages embedded (benches, tests,
