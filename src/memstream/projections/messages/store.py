@@ -740,13 +740,28 @@ LIMIT {INDEX_FILL_BATCH}""",
     async def search(self, spec: SearchSpec) -> list[SearchHit]:
         if self.embedder is None or not spec.text.strip():
             return await self.lexical_search(spec)
-        # the query vector is computed while ClickHouse runs BM25 (both off the loop)
-        embedded, lexical = await asyncio.gather(
-            self.embedder.embed_query([spec.text]),
-            self.lexical_search(replace(spec, limit=max(spec.limit, DENSE_WINDOW), explain=True)),
-        )
-        vector, model = embedded[0], self.embedder.model
-        dense = await self.dense(spec, vector, model, [(h.thread_id, h.offset) for h in lexical])
+        model = self.embedder.model
+        wide = replace(spec, limit=max(spec.limit, DENSE_WINDOW), explain=True)
+        index = self.vector_index(model)
+        if index is not None and index.ready:
+            # the query's embedding and the dense list while BM25 runs, then the similarity
+            # of BM25's candidates (a scan of at most DENSE_WINDOW points by id)
+            (vector, hidden, nearest), lexical = await asyncio.gather(
+                self._nearest(spec, index), self.lexical_search(wide)
+            )
+            keyed = await index.nearest(
+                self._dense_query(
+                    spec, vector, hidden, 0, [(h.thread_id, h.offset) for h in lexical]
+                )
+            )
+            dense = _by_similarity({**nearest, **keyed})
+        else:
+            # the query vector is computed while ClickHouse runs BM25 (both off the loop)
+            embedded, lexical = await asyncio.gather(
+                self.embedder.embed_query([spec.text]), self.lexical_search(wide)
+            )
+            keys = [(h.thread_id, h.offset) for h in lexical]
+            dense = await self.dense(spec, embedded[0], model, keys)
         by_key = {(h.thread_id, h.offset): h for h in lexical}
         weight = _query_weight(lexical)
         scores = {k: coverage(h.relevance, weight) for k, h in by_key.items()}
@@ -780,6 +795,47 @@ LIMIT {INDEX_FILL_BATCH}""",
                 break
         return out
 
+    async def _nearest(
+        self, spec: SearchSpec, index: VectorIndex
+    ) -> tuple[list[float], list[str], dict[tuple[str, int], float]]:
+        """(query vector, hidden threads, the dense list from ``index``)."""
+        assert self.embedder is not None
+        embedded, hidden = await asyncio.gather(
+            self.embedder.embed_query([spec.text]), self._hidden_thread_ids(spec)
+        )
+        vector = embedded[0]
+        return (
+            vector,
+            hidden,
+            await index.nearest(self._dense_query(spec, vector, hidden, DENSE_WINDOW)),
+        )
+
+    async def _hidden_thread_ids(self, spec: SearchSpec) -> list[str]:
+        """The ids of the agent's threads the caller may not read."""
+        hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
+        prefix = len(ThreadRef(spec.account_id, spec.agent_id, "").key)
+        return [h[prefix:] for h in hidden]
+
+    @staticmethod
+    def _dense_query(
+        spec: SearchSpec,
+        vector: Sequence[float],
+        hidden: Sequence[str],
+        k: int,
+        keys: Sequence[tuple[str, int]] = (),
+        exact: bool | None = None,
+    ) -> DenseQuery:
+        return DenseQuery(
+            spec.account_id,
+            spec.agent_id,
+            vector,
+            k,
+            thread_id=spec.thread_id,
+            hidden_threads=hidden,
+            keys=keys,
+            exact=exact,
+        )
+
     async def dense(
         self,
         spec: SearchSpec,
@@ -796,19 +852,9 @@ LIMIT {INDEX_FILL_BATCH}""",
         ``message_vectors`` (:func:`~.sql.dense_sql`)."""
         index = self.vector_index(model)
         if index is not None and index.ready:
-            hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
-            prefix = ThreadRef(spec.account_id, spec.agent_id, "").key
+            hidden = await self._hidden_thread_ids(spec)
             return await index.nearest(
-                DenseQuery(
-                    spec.account_id,
-                    spec.agent_id,
-                    vector,
-                    DENSE_WINDOW,
-                    thread_id=spec.thread_id,
-                    hidden_threads=[h[len(prefix) :] for h in hidden],
-                    keys=keys,
-                    exact=exact,
-                )
+                self._dense_query(spec, vector, hidden, DENSE_WINDOW, keys, exact)
             )
         sql, params = dense_sql(self.database, spec, vector, model, DENSE_WINDOW, keys)
         return {
@@ -1198,6 +1244,12 @@ LIMIT {INDEX_FILL_BATCH}""",
         if has_postings:
             await self.engine.command(f"OPTIMIZE TABLE {self.database}.{POSTINGS_TABLE} FINAL")
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.thread_users FINAL")
+
+
+def _by_similarity(dense: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
+    """The dense side in the SQL scan's order (similarity, then thread and offset): the
+    fusion keeps the dense side's order among equal scores."""
+    return dict(sorted(dense.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _query_weight(hits: Sequence[SearchHit]) -> float:

@@ -91,7 +91,7 @@ TUNING: Final = IndexTuning(
     ef_construct=100,
     payload_m=16,
     full_scan_kb=10_000,
-    hnsw_ef=256,
+    hnsw_ef=1024,
     tenant_fields=("agent_id",),
     graph_fields=("agent_id",),
     acorn_max_selectivity=1.0,
@@ -365,6 +365,15 @@ class VectorIndex:
         points = self._count_blocking(q.account_id, q.agent_id)
         return self.tuning.scans_exactly(points, len(q.vector))
 
+    def _params(self, q: DenseQuery) -> SearchParams:
+        if self.scans_exactly(q):
+            return SearchParams(exact=True)
+        acorn = self.tuning.acorn_max_selectivity
+        return SearchParams(
+            hnsw_ef=self.tuning.hnsw_ef,
+            acorn=AcornSearchParams(enable=True, max_selectivity=acorn) if acorn else None,
+        )
+
     def nearest_blocking(self, q: DenseQuery) -> dict[tuple[str, int], float]:
         """``{(thread_id, offset): cosine similarity}`` of the ``k`` nearest visible messages
         and of those at ``keys`` that are visible and have a vector, in the calling thread."""
@@ -372,30 +381,20 @@ class VectorIndex:
         if shard is None:
             return {}
         flt = query_filter(q)
-        params = (
-            SearchParams(exact=True)
-            if self.scans_exactly(q)
-            else SearchParams(
-                hnsw_ef=self.tuning.hnsw_ef,
-                acorn=(
-                    AcornSearchParams(
-                        enable=True, max_selectivity=self.tuning.acorn_max_selectivity
-                    )
-                    if self.tuning.acorn_max_selectivity is not None
-                    else None
-                ),
-            )
-        )
         vector = [float(x) for x in q.vector]
         out: dict[tuple[str, int], float] = {}
-        hits = shard.query(
-            QueryRequest(
-                limit=q.k,
-                query=Query.Nearest(vector, using=DENSE),
-                filter=flt,
-                params=params,
-                with_payload=True,
+        hits = (
+            shard.query(
+                QueryRequest(
+                    limit=q.k,
+                    query=Query.Nearest(vector, using=DENSE),
+                    filter=flt,
+                    params=self._params(q),
+                    with_payload=True,
+                )
             )
+            if q.k > 0
+            else []
         )
         for h in hits:
             p = h.payload or {}
