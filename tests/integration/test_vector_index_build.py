@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memstream.projections.messages import vector_index
+from memstream.projections import edge_slot
+from memstream.projections.edge_slot import CURRENT
 from memstream.projections.messages.vector_index import (
-    CURRENT,
     TUNING,
     DenseQuery,
     VectorIndex,
@@ -44,7 +44,7 @@ def query(vector: Any, **kw: Any) -> DenseQuery:
 async def test_a_build_switches_to_graphs_with_the_writes_made_meanwhile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vector_index, "RETIRE_S", 0.05)
+    monkeypatch.setattr(edge_slot, "RETIRE_S", 0.05)
     index = VectorIndex(tmp_path / "ix", SMALL)
     index.build_after = 100
     first = rows(10, 40, seed=1)
@@ -60,7 +60,7 @@ async def test_a_build_switches_to_graphs_with_the_writes_made_meanwhile(
     # a second build, with an erasure and new vectors written while the child runs
     later = rows(3, 50, seed=2, prefix="new")
     task = asyncio.create_task(index.build(force=True))
-    while index._during_build is None:  # noqa: SLF001 - the copy is made: the child runs
+    while not index.slot.building:  # the copy is made: the child runs
         await asyncio.sleep(0.01)
     hits = await index.nearest(query(first[0].vector))  # searches go on meanwhile
     assert next(iter(hits)) == ("t0", 0)
@@ -94,15 +94,15 @@ async def test_a_failed_build_leaves_the_shard_in_use_as_it_was(
     async def dies(*args: Any, **kw: Any) -> Any:
         return await real(args[0], "-c", "import sys; sys.exit(3)", **kw)
 
-    monkeypatch.setattr(vector_index.asyncio, "create_subprocess_exec", dies)
+    monkeypatch.setattr(edge_slot.asyncio, "create_subprocess_exec", dies)
     with pytest.raises(RuntimeError, match="failed"):
         await index.build()
     assert (tmp_path / "ix" / CURRENT).read_text() == "g1"
     assert not (tmp_path / "ix" / "g2").exists()
-    assert index._during_build is None  # noqa: SLF001 - writes are no longer kept aside
+    assert not index.slot.building  # writes are no longer kept aside
     await index.upsert(rows(1, 5, seed=4, prefix="after"))
     assert await index.count() == 105
-    monkeypatch.setattr(vector_index.asyncio, "create_subprocess_exec", real)
+    monkeypatch.setattr(edge_slot.asyncio, "create_subprocess_exec", real)
     assert await index.build()
     assert await index.count() == 105 and index.info().indexed_vectors_count == 105
     await index.close()

@@ -46,6 +46,7 @@ from qdrant_edge import (
 )
 
 from memstream.errors import PermanentInfraError
+from memstream.projections.edge_slot import ShardSlot
 from memstream.projections.memory_index.layout import (
     DENSE,
     FLOAT_FIELDS,
@@ -204,7 +205,7 @@ class EdgeIndex:
         self.tuning = tuning
         # collections re-tuned on open whose HNSW graph is still the old one
         self.pending_rebuild: set[str] = set()
-        self._shards: dict[str, EdgeShard] = {}
+        self._slots: dict[str, ShardSlot] = {}
         self._dims: dict[str, int] = {}
         self._open_lock = threading.Lock()
         self._sweepers: list[threading.Thread] = []
@@ -217,7 +218,8 @@ class EdgeIndex:
 
     def _open(self, name: str, dimensions: int | None) -> EdgeShard | None:
         with self._open_lock:
-            shard = self._shards.get(name)
+            slot = self._slots.get(name)
+            shard = slot.get() if slot is not None else None
             if shard is not None:
                 if dimensions is not None and self._dims.get(name) != dimensions:
                     raise PermanentInfraError(
@@ -225,31 +227,36 @@ class EdgeIndex:
                         f"embedder gives {dimensions}: rebuild the index (memstream replay)"
                     )
                 return shard
-            path = self._path(name)
-            if path.exists() and any(path.iterdir()):
-                shard = EdgeShard.load(str(path))
+            slot = ShardSlot(self._path(name))
+            shard = slot.get()
+            if shard is not None:
                 cfg_size = self._stored_size(shard) or dimensions
                 if cfg_size is not None and not self._tuned(shard):
-                    shard = self._retune(shard, path, cfg_size)
+                    shard = self._retune(slot, cfg_size)
                     self.pending_rebuild.add(name)
             elif dimensions is None:
                 return None
             else:
-                path.mkdir(parents=True, exist_ok=True)
-                shard = EdgeShard.create(str(path), edge_config(dimensions, self.tuning))
-                for op in field_indexes(self.tuning):
-                    shard.update(op)
+                shard = slot.create(
+                    edge_config(dimensions, self.tuning), field_indexes(self.tuning)
+                )
                 cfg_size = dimensions
             if dimensions is not None and cfg_size is not None and cfg_size != dimensions:
-                shard.close()
+                slot.close()
                 raise PermanentInfraError(
                     f"collection {name} has {cfg_size}-d vectors, embedder gives {dimensions}: "
                     "rebuild the index (memstream replay)"
                 )
-            self._shards[name] = shard
+            self._slots[name] = slot
             if cfg_size is not None:
                 self._dims[name] = cfg_size
             return shard
+
+    def _slot(self, name: str, dimensions: int | None) -> ShardSlot | None:
+        """The collection's slot, its shard opened (or created with ``dimensions``)."""
+        if self._open(name, dimensions) is None:
+            return None
+        return self._slots[name]
 
     def _tuned(self, shard: EdgeShard) -> bool:
         """Whether a stored collection has this tuning's payload indexes (the marker: the
@@ -258,15 +265,14 @@ class EdgeIndex:
         tenant = bool(getattr(info.params, "is_tenant", None)) if info is not None else False
         return tenant == ("agent_id" in self.tuning.tenant_fields)
 
-    def _retune(self, shard: EdgeShard, path: Path, size: int) -> EdgeShard:
+    def _retune(self, slot: ShardSlot, size: int) -> EdgeShard:
         """Bring a collection built with another tuning to this one: payload indexes
-        re-created, HNSW configuration rewritten. The graph itself is rebuilt by the next
-        ``optimize()`` (``MemoryIndex.maintain`` runs it for ``pending_rebuild``)."""
+        re-created, HNSW configuration rewritten (and stored: a build's child reads it). The
+        graph itself is rebuilt by the next build (``MemoryIndex.maintain`` runs it for
+        ``pending_rebuild``)."""
         for op in field_indexes(self.tuning):
-            shard.update(op)
-        shard.flush()
-        shard.close()
-        return EdgeShard.load(str(path), edge_config(size, self.tuning))
+            slot.write(lambda sh, op=op: sh.update(op))  # type: ignore[misc]
+        return slot.reload(edge_config(size, self.tuning))
 
     @staticmethod
     def _stored_size(shard: EdgeShard) -> int | None:
@@ -284,51 +290,49 @@ class EdgeIndex:
 
     # --- writes ----------------------------------------------------------------------------
     def _upsert_blocking(self, name: str, points: list[IndexPoint]) -> None:
-        shard = self._open(name, len(points[0].dense))
-        assert shard is not None
+        slot = self._slot(name, len(points[0].dense))
+        assert slot is not None
         by_version: dict[int, list[IndexPoint]] = {}
         for p in points:
             by_version.setdefault(p.version, []).append(p)
         for version, group in by_version.items():
-            shard.update(
-                UpdateOperation.upsert_points(
-                    [
-                        Point(
-                            p.point_id,
-                            {
-                                DENSE: p.dense,
-                                SPARSE: SparseVector(p.sparse.indices, p.sparse.values),
-                            },
-                            p.payload,
-                        )
-                        for p in group
-                    ],
-                    # Applied to an existing point only if it matches: stored version older.
-                    condition=Filter(
-                        must=[FieldCondition("version", range=RangeFloat(lt=float(version)))]
-                    ),
-                )
+            op = UpdateOperation.upsert_points(
+                [
+                    Point(
+                        p.point_id,
+                        {
+                            DENSE: p.dense,
+                            SPARSE: SparseVector(p.sparse.indices, p.sparse.values),
+                        },
+                        p.payload,
+                    )
+                    for p in group
+                ],
+                # Applied to an existing point only if it matches: stored version older.
+                condition=Filter(
+                    must=[FieldCondition("version", range=RangeFloat(lt=float(version)))]
+                ),
             )
+            slot.write(lambda sh, op=op: sh.update(op))  # type: ignore[misc]
 
     async def upsert(self, name: str, points: list[IndexPoint]) -> None:
         if points:
             await asyncio.to_thread(self._upsert_blocking, name, points)
 
     def _delete_blocking(self, name: str, deletes: list[tuple[str, int]]) -> None:
-        shard = self._open(name, None)
-        if shard is None:
+        slot = self._slot(name, None)
+        if slot is None:
             return
         for pid, version in deletes:
-            shard.update(
-                UpdateOperation.delete_points_by_filter(
-                    Filter(
-                        must=[
-                            HasIdCondition({pid}),
-                            FieldCondition("version", range=RangeFloat(lte=float(version))),
-                        ]
-                    )
+            op = UpdateOperation.delete_points_by_filter(
+                Filter(
+                    must=[
+                        HasIdCondition({pid}),
+                        FieldCondition("version", range=RangeFloat(lte=float(version))),
+                    ]
                 )
             )
+            slot.write(lambda sh, op=op: sh.update(op))  # type: ignore[misc]
 
     async def delete(self, name: str, deletes: list[tuple[str, int]]) -> None:
         if deletes:
@@ -412,10 +416,10 @@ class EdgeIndex:
 
     def _drop_blocking(self, name: str) -> None:
         with self._open_lock:
-            shard = self._shards.pop(name, None)
+            slot = self._slots.pop(name, None)
             self._dims.pop(name, None)
-            if shard is not None:
-                shard.close()
+            if slot is not None:
+                slot.close()
             path = self._path(name)
             if not path.exists():
                 return
@@ -439,10 +443,20 @@ class EdgeIndex:
         await asyncio.to_thread(self._drop_blocking, name)
 
     def optimize(self, name: str) -> bool:
-        """Build HNSW for a collection (blocking, can take minutes at high dimensions):
-        for benches and maintenance, never on the hot path. True if segments were rebuilt."""
-        shard = self._open(name, None)
-        built = bool(shard.optimize()) if shard is not None else False
+        """Build HNSW for a collection in this process (blocking, holding the GIL throughout:
+        every thread of the process waits): for benches and tests. A serving process calls
+        :meth:`build`. True if segments were rebuilt."""
+        slot = self._slot(name, None)
+        built = slot.optimize_here() if slot is not None else False
+        self.pending_rebuild.discard(name)
+        return built
+
+    async def build(self, name: str) -> bool:
+        """Build HNSW for a collection in a child process, beside the shard in use, and
+        switch to it (:meth:`ShardSlot.build`): searches and writes go on meanwhile. True
+        if it switched."""
+        slot = await asyncio.to_thread(self._slot, name, None)
+        built = await slot.build() if slot is not None else False
         self.pending_rebuild.discard(name)
         return built
 
@@ -454,10 +468,9 @@ class EdgeIndex:
 
     def _close_blocking(self) -> None:
         with self._open_lock:
-            for shard in self._shards.values():
-                shard.flush()
-                shard.close()
-            self._shards.clear()
+            for slot in self._slots.values():
+                slot.close()
+            self._slots.clear()
             self._dims.clear()
         for t in self._sweepers:
             t.join()

@@ -112,10 +112,13 @@ class MemoryIndex:
 
         qdrant-edge searches by brute force until ``optimize()`` runs (about 10 ms per query
         at 10k 384-d points, under 1 ms after), and never runs it by itself; a Qdrant server
-        has its own optimizer, so this is a no-op there. Queries and writes keep working
-        while a build runs: Qdrant swaps in the optimized segments when they are ready.
+        has its own optimizer, so this is a no-op there. On qdrant-edge the build runs in a
+        child process beside the collection in use (``EdgeIndex.build``: ``optimize()``
+        holds the GIL for the whole build, which froze every request of the process for its
+        length); queries and writes keep working meanwhile.
         """
         optimize = getattr(self.backend, "optimize", None)
+        build = getattr(self.backend, "build", None)  # qdrant-edge: in a child process
         if optimize is None:
             self._written_since_optimize.clear()
             return []
@@ -127,7 +130,10 @@ class MemoryIndex:
             if count < min_new_points and name not in pending:
                 continue
             self._written_since_optimize[name] = 0
-            await asyncio.to_thread(optimize, name)
+            if build is not None:
+                await build(name)
+            else:
+                await asyncio.to_thread(optimize, name)
             done.append(name)
         return done
 

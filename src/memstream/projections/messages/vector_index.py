@@ -19,11 +19,11 @@ Guarantees:
   quality against the exact scan at 100k and 1M is measured by ``bench/transcript_vectors.py``.
   Points not in a graph yet are scanned.
 - **Graphs are built in a child process** (:meth:`VectorIndex.build`, behind the vector
-  loop, once :data:`OPTIMIZE_AFTER` points are in none): qdrant-edge's ``optimize()`` holds
-  the GIL for the whole build (measured: another Python thread got no time slice during a
-  12 s build), which in the serving process would freeze every request for minutes at 1M.
-  The child builds a copy; searches and writes go on with the shard in use, and the copy
-  takes over with the writes made meanwhile applied to it.
+  loop, once :data:`OPTIMIZE_AFTER` points are in none; :mod:`memstream.projections.edge_slot`):
+  qdrant-edge's ``optimize()`` holds the GIL for the whole build, which in the serving
+  process would freeze every request for minutes at 1M. The child builds a copy; searches
+  and writes go on with the shard in use, and the copy takes over with the writes made
+  meanwhile applied to it.
 - **Idempotent writes.** A point's id is derived from the message's key, so a redelivered
   or re-embedded vector overwrites itself. The vector loop upserts here *before* it inserts
   into ``message_vectors``: a crash between the two leaves a point whose row the next step
@@ -42,11 +42,8 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
 import shutil
-import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -77,6 +74,7 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
+from memstream.projections.edge_slot import ShardSlot
 from memstream.projections.memory_index.tuning import IndexTuning
 from memstream.projections.messages.text_table import text_key
 
@@ -105,10 +103,6 @@ measured); larger ones walk their graph with ``hnsw_ef`` and ACORN as chosen by
 
 OPTIMIZE_AFTER: Final = 20_000
 """Points not yet in an HNSW graph that make :meth:`VectorIndex.maintain` build one."""
-RETIRE_S: Final = 30.0
-"""How long a shard replaced by a build stays open for the searches still reading it."""
-CURRENT: Final = "CURRENT"
-"""The file naming the shard folder in use (``g1``, ``g2``...)."""
 UPSERT_CHUNK: Final = 1_000
 """Points per write of a fill (a write holds the GIL: ~50 ms for 1,000 at 384-d)."""
 
@@ -193,26 +187,17 @@ def query_filter(q: DenseQuery) -> Filter:
 
 
 class VectorIndex:
-    """One qdrant-edge shard of message vectors (see the module docstring). Every call
-    blocks in qdrant-edge, so each runs in a worker thread; the shard is created by the
-    first write (its dimensions are the first vector's).
-
-    On disk: ``<path>/CURRENT`` names the shard in use (``g1``, ``g2``...): a build
-    (:meth:`build`) writes the next one beside it and switches the name, so a crash in the
-    middle leaves the one in use as it was (other ``g*`` folders are swept at open)."""
+    """One qdrant-edge shard of message vectors (see the module docstring), in a
+    :class:`~memstream.projections.edge_slot.ShardSlot` (which builds its graphs in a child
+    process). Every call blocks in qdrant-edge, so each runs in a worker thread; the shard is
+    created by the first write (its dimensions are the first vector's)."""
 
     def __init__(self, path: Path, tuning: IndexTuning = TUNING) -> None:
         self.path = path
         self.tuning = tuning
         self.build_after = OPTIMIZE_AFTER
-        self._shard: EdgeShard | None = None
-        self._generation = 0
-        self._lock = threading.Lock()  # loading, creating and switching the shard
-        self._write_lock = threading.Lock()  # writes, and a build's copy and switch
-        self._during_build: list[Callable[[EdgeShard], None]] | None = None
-        self._retired: list[tuple[EdgeShard, Path]] = []
+        self.slot = ShardSlot(path)
         self._closed = False
-        self._loaded = False
 
     # --- state -----------------------------------------------------------------------------
     @property
@@ -228,66 +213,24 @@ class VectorIndex:
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / FILLING).touch()
 
-    def _set_current(self, generation: int) -> None:
-        tmp = self.path / f"{CURRENT}.tmp"
-        tmp.write_text(f"g{generation}")
-        tmp.replace(self.path / CURRENT)
-        self._generation = generation
-
     def _get(self) -> EdgeShard | None:
-        """The shard in use, loaded on first use (in a worker thread: a large shard takes a
-        while); None before the first write. Folders of an interrupted build are swept."""
-        if self._loaded:
-            return self._shard
-        with self._lock:
-            if not self._loaded:
-                current = self.path / CURRENT
-                if current.exists():
-                    name = current.read_text().strip()
-                    self._generation = int(name[1:])
-                    self._shard = EdgeShard.load(str(self.path / name))
-                    for stale in self.path.glob("g*"):
-                        if stale.is_dir() and stale.name != name:
-                            shutil.rmtree(stale, ignore_errors=True)
-                self._loaded = True
-            return self._shard
+        return self.slot.get()
 
-    def _shard_for(self, dimensions: int) -> EdgeShard:
-        shard = self._get()
-        if shard is not None:
-            return shard
-        with self._lock:
-            if self._shard is None:
-                folder = self.path / "g1"
-                shutil.rmtree(folder, ignore_errors=True)
-                folder.mkdir(parents=True)
-                shard = EdgeShard.create(str(folder), shard_config(dimensions, self.tuning))
-                for name in ("account_id", "agent_id", "thread_id"):
-                    shard.update(
-                        UpdateOperation.create_field_index(
-                            name,
-                            KeywordIndexParams(
-                                is_tenant=True if name in self.tuning.tenant_fields else None,
-                                enable_hnsw=self.tuning.builds_graph(name),
-                            ),
-                        )
-                    )
-                shard.flush()
-                self._set_current(1)
-                self._shard = shard
-            return self._shard
+    def _setup(self) -> list[UpdateOperation]:
+        return [
+            UpdateOperation.create_field_index(
+                name,
+                KeywordIndexParams(
+                    is_tenant=True if name in self.tuning.tenant_fields else None,
+                    enable_hnsw=self.tuning.builds_graph(name),
+                ),
+            )
+            for name in ("account_id", "agent_id", "thread_id")
+        ]
 
     # --- writes ----------------------------------------------------------------------------
-    def _write(self, shard: EdgeShard, op: Callable[[EdgeShard], None]) -> None:
-        """Apply ``op`` to the shard in use, and again to the one a build is making (so
-        nothing written meanwhile is missing from it)."""
-        with self._write_lock:
-            op(self._shard or shard)
-            if self._during_build is not None:
-                self._during_build.append(op)
-
     def _upsert_blocking(self, rows: Sequence[VectorRow]) -> None:
-        shard = self._shard_for(len(rows[0].vector))
+        self.slot.create(shard_config(len(rows[0].vector), self.tuning), self._setup())
         upsert = UpdateOperation.upsert_points(
             [
                 Point(
@@ -304,7 +247,7 @@ class VectorIndex:
                 for r in rows
             ]
         )
-        self._write(shard, lambda sh: sh.update(upsert))
+        self.slot.write(lambda sh: sh.update(upsert))
 
     async def upsert(self, rows: Sequence[VectorRow]) -> None:
         """Write ``rows`` (durable on return: the shard's WAL)."""
@@ -312,8 +255,7 @@ class VectorIndex:
             await asyncio.to_thread(self._upsert_blocking, rows)
 
     def _delete_blocking(self, threads: Sequence[tuple[str, str, str]]) -> None:
-        shard = self._get()
-        if shard is None:
+        if self._get() is None:
             return
         by_agent: dict[tuple[str, str], list[str]] = {}
         for a, g, t in threads:
@@ -322,7 +264,7 @@ class VectorIndex:
             delete = UpdateOperation.delete_points_by_filter(
                 Filter(must=[*_agent_filter(a, g), FieldCondition("thread_id", match=MatchAny(ts))])
             )
-            self._write(shard, lambda sh, op=delete: sh.update(op))  # type: ignore[misc]
+            self.slot.write(lambda sh, op=delete: sh.update(op))  # type: ignore[misc]
 
     async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> None:
         """Delete every point of the ``(account, agent, thread)`` threads (erasure)."""
@@ -423,121 +365,29 @@ class VectorIndex:
         return await asyncio.to_thread(self.nearest_blocking, q)
 
     # --- upkeep ----------------------------------------------------------------------------
-    def _unindexed_blocking(self) -> int:
-        shard = self._get()
-        if shard is None:
-            return 0
-        info = shard.info()
-        return int(info.points_count) - int(info.indexed_vectors_count)
-
-    def _maintain_blocking(self, force: bool) -> bool:
-        shard = self._get()
-        if shard is None:
-            return False
-        if not force and self._unindexed_blocking() < self.build_after:
-            return False
-        return bool(shard.optimize())
-
     def maintain_blocking(self, force: bool = False) -> bool:
-        """:meth:`maintain` in the calling thread (an executor of the caller's choice)."""
-        return self._maintain_blocking(force)
+        """:meth:`maintain` in the calling thread."""
+        if not force and self.slot.unindexed() < self.build_after:
+            return False
+        return self.slot.optimize_here()
 
     async def maintain(self, *, force: bool = False) -> bool:
         """Build the HNSW graphs in this process, once at least :attr:`build_after` points
         are in none (``force``: whatever their number). True if segments were rebuilt. For
         benches: the build holds the GIL throughout (module docstring); a serving process
         calls :meth:`build`."""
-        return await asyncio.to_thread(self._maintain_blocking, force)
+        return await asyncio.to_thread(self.maintain_blocking, force)
 
     async def build(self, *, force: bool = False) -> bool:
         """Build the HNSW graphs in a child process, once at least :attr:`build_after`
-        points are in none (``force``: whatever their number), and switch to the result;
-        searches and writes go on meanwhile on the shard in use. True if it switched.
-
-        1. The shard in use is flushed and copied (writes wait for the copy) to the next
-           ``g<N>`` folder; from then on every write is also kept aside.
-        2. A child process (``python -m memstream.projections.messages.vector_index``, nice
-           19) loads the copy and runs qdrant-edge's ``optimize()``, whose GIL it holds
-           alone.
-        3. The built copy is loaded here, the writes kept aside are applied to it, and it
-           becomes the shard in use (``CURRENT`` renamed over). The old one is closed and
-           deleted :data:`RETIRE_S` later, when no search can still be reading it.
-        A failed or killed child leaves the shard in use as it was."""
+        points are in none (``force``: whatever their number), and switch to the result
+        (:meth:`ShardSlot.build`); searches and writes go on meanwhile. True if it
+        switched."""
         if self._closed or (
-            not force and await asyncio.to_thread(self._unindexed_blocking) < self.build_after
+            not force and await asyncio.to_thread(self.slot.unindexed) < self.build_after
         ):
             return False
-        target = await asyncio.to_thread(self._copy_for_build)
-        if target is None:
-            return False
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                __name__,
-                str(target),
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            try:
-                _, err = await proc.communicate()
-            except BaseException:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-                raise
-            if proc.returncode != 0:
-                raise RuntimeError(
-                    f"vector index build of {target} failed ({proc.returncode}): "
-                    f"{err.decode(errors='replace')[-2000:]}"
-                )
-            await asyncio.to_thread(self._switch_to, target)
-        except BaseException:
-            with self._write_lock:
-                self._during_build = None
-            await asyncio.to_thread(shutil.rmtree, target, True)
-            raise
-        asyncio.get_running_loop().call_later(RETIRE_S, self._retire_later)
-        return True
-
-    def _copy_for_build(self) -> Path | None:
-        shard = self._get()
-        if shard is None:
-            return None
-        with self._write_lock:
-            if self._during_build is not None:
-                return None  # a build is running
-            target = self.path / f"g{self._generation + 1}"
-            shutil.rmtree(target, ignore_errors=True)
-            shard.flush()
-            shutil.copytree(self.path / f"g{self._generation}", target)
-            self._during_build = []
-        return target
-
-    def _switch_to(self, target: Path) -> None:
-        built = EdgeShard.load(str(target))
-        with self._write_lock:
-            for op in self._during_build or []:
-                op(built)
-            built.flush()
-            self._during_build = None
-            with self._lock:
-                old, old_path = self._shard, self.path / f"g{self._generation}"
-                self._shard = built
-                self._set_current(int(target.name[1:]))
-            if old is not None:
-                self._retired.append((old, old_path))
-
-    def _retire_later(self) -> None:
-        threading.Thread(target=self._retire, name="vector-index-retire", daemon=True).start()
-
-    def _retire(self) -> None:
-        with self._lock:
-            retired, self._retired = self._retired, []
-        for shard, folder in retired:
-            with contextlib.suppress(Exception):
-                shard.close()
-            shutil.rmtree(folder, ignore_errors=True)
+        return await self.slot.build()
 
     def info(self) -> Any:
         """Segments, points and indexed vectors (None before the first write): how a bench
@@ -549,26 +399,7 @@ class VectorIndex:
         if self._closed:
             return
         self._closed = True
-
-        def go() -> None:
-            with self._lock:
-                if self._shard is not None:
-                    self._shard.flush()
-                    self._shard.close()
-                    self._shard = None
-            self._retire()
-
-        await asyncio.to_thread(go)
-
-
-def _build_main(folder: str) -> None:
-    """The child of :meth:`VectorIndex.build`: the HNSW graphs of the shard at ``folder``."""
-    with contextlib.suppress(OSError):
-        os.nice(19)
-    shard = EdgeShard.load(folder)
-    shard.optimize()
-    shard.flush()
-    shard.close()
+        await asyncio.to_thread(self.slot.close)
 
 
 _OPEN: dict[Path, VectorIndex] = {}
@@ -599,7 +430,3 @@ async def drop_vector_indexes(path: Path) -> None:
     """Close and delete every vector index under ``path`` (a dropped generation's)."""
     await close_vector_indexes(path)
     await asyncio.to_thread(shutil.rmtree, path.resolve(), True)
-
-
-if __name__ == "__main__":  # VectorIndex.build's child
-    _build_main(sys.argv[1])

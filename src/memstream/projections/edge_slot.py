@@ -1,0 +1,265 @@
+"""One qdrant-edge shard on disk that can rebuild its HNSW graphs beside itself.
+
+Shared by the memory index (``memory_index.edge``) and the transcript's vector index
+(``messages.vector_index``): both keep their points in qdrant-edge shards in this process,
+and both need graphs built without stopping the process. qdrant-edge's ``optimize()`` holds
+the GIL for its whole build (measured: a Python thread spinning beside a 12 s build got no
+time slice; an asyncio loop beside a 1.9 s build of 12k points ticked 0 times), so a build
+in ``memstream up``'s process froze every request for its length: seconds at 10k memory
+entries, ~30 s at 100k, minutes at 1M transcript vectors.
+
+Layout: ``<path>/CURRENT`` names the shard folder in use (``g1``, ``g2``...). A folder made
+by an earlier release (the shard's files directly in ``<path>``) is adopted as ``g1`` at the
+first open (through ``<parent>/.adopt-<name>``, so a crash in the middle is finished at the
+next open).
+
+:meth:`ShardSlot.build`:
+
+1. the shard in use is flushed and copied to the next ``g<N>`` (writes wait for the copy);
+   from then on every write is also kept aside;
+2. a child process (``python -m memstream.projections.edge_slot FOLDER``, nice 19) loads the
+   copy and runs ``optimize()``, holding a GIL of its own;
+3. the built copy is loaded here, the writes kept aside are applied to it, ``CURRENT`` is
+   renamed over, and the copy is the shard in use; the old one is closed and deleted
+   :data:`RETIRE_S` later, when no search can still be reading it.
+
+A failed or killed child leaves the shard in use as it was (its copy deleted); folders of an
+interrupted build are swept at the next open. Blocking methods run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from qdrant_edge import EdgeConfig, EdgeShard, UpdateOperation
+
+CURRENT: Final = "CURRENT"
+"""The file naming the shard folder in use."""
+RETIRE_S: Final = 30.0
+"""How long a shard replaced by a build stays open for the searches still reading it."""
+
+Write = Callable[[EdgeShard], None]
+
+
+class ShardSlot:
+    """The shard at ``path`` (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._shard: EdgeShard | None = None
+        self._generation = 0
+        self._loaded = False
+        self._lock = threading.Lock()  # loading, creating and switching the shard
+        self._write_lock = threading.Lock()  # writes, and a build's copy and switch
+        self._during_build: list[Write] | None = None
+        self._retired: list[tuple[EdgeShard, Path]] = []
+
+    @property
+    def building(self) -> bool:
+        return self._during_build is not None
+
+    # --- the shard in use --------------------------------------------------------------------
+    def get(self, config: EdgeConfig | None = None) -> EdgeShard | None:
+        """The shard in use, loaded on first use (``config``: load it with this configuration
+        instead of its stored one); None if there is none yet."""
+        if self._loaded:
+            return self._shard
+        with self._lock:
+            if not self._loaded:
+                self._adopt()
+                current = self.path / CURRENT
+                if current.exists():
+                    name = current.read_text().strip()
+                    self._generation = int(name[1:])
+                    folder = str(self.path / name)
+                    self._shard = (
+                        EdgeShard.load(folder) if config is None else EdgeShard.load(folder, config)
+                    )
+                    for stale in self.path.glob("g*"):
+                        if stale.is_dir() and stale.name != name:
+                            shutil.rmtree(stale, ignore_errors=True)
+                self._loaded = True
+            return self._shard
+
+    def _adopt(self) -> None:
+        """A folder of an earlier release (the shard directly in ``path``) becomes ``g1``."""
+        parked = self.path.parent / f".adopt-{self.path.name}"
+        if not parked.exists():
+            if not self.path.is_dir() or (self.path / CURRENT).exists():
+                return
+            if not any(p.name != ".DS_Store" for p in self.path.iterdir()):
+                return
+            self.path.rename(parked)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not (self.path / "g1").exists():
+            parked.rename(self.path / "g1")
+        else:
+            shutil.rmtree(parked, ignore_errors=True)
+        self._set_current(1)
+
+    def create(self, config: EdgeConfig, setup: Sequence[UpdateOperation] = ()) -> EdgeShard:
+        """The shard in use, created with ``config`` and the ``setup`` operations (payload
+        indexes) if there is none."""
+        shard = self.get()
+        if shard is not None:
+            return shard
+        with self._lock:
+            if self._shard is None:
+                folder = self.path / "g1"
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+                shard = EdgeShard.create(str(folder), config)
+                for op in setup:
+                    shard.update(op)
+                shard.flush()
+                self._set_current(1)
+                self._shard = shard
+            return self._shard
+
+    def reload(self, config: EdgeConfig) -> EdgeShard:
+        """Close the shard in use and load it again with ``config`` (a new tuning)."""
+        with self._write_lock, self._lock:
+            if self._shard is not None:
+                self._shard.flush()
+                self._shard.close()
+            folder = str(self.path / f"g{self._generation}")
+            self._shard = EdgeShard.load(folder, config)
+            return self._shard
+
+    def _set_current(self, generation: int) -> None:
+        tmp = self.path / f"{CURRENT}.tmp"
+        tmp.write_text(f"g{generation}")
+        tmp.replace(self.path / CURRENT)
+        self._generation = generation
+
+    def write(self, op: Write) -> None:
+        """Apply ``op`` to the shard in use, and keep it for the one a build is making."""
+        with self._write_lock:
+            shard = self._shard
+            if shard is None:
+                raise RuntimeError(f"no shard at {self.path}")
+            op(shard)
+            if self._during_build is not None:
+                self._during_build.append(op)
+
+    # --- graphs ----------------------------------------------------------------------------
+    def unindexed(self) -> int:
+        """Points in no HNSW graph yet."""
+        shard = self.get()
+        if shard is None:
+            return 0
+        info = shard.info()
+        return int(info.points_count) - int(info.indexed_vectors_count)
+
+    def optimize_here(self) -> bool:
+        """``optimize()`` in this process, holding the GIL throughout: benches and tests."""
+        shard = self.get()
+        return bool(shard.optimize()) if shard is not None else False
+
+    async def build(self) -> bool:
+        """Build the graphs in a child process and switch to the result (module docstring).
+        False when there is no shard or a build is already running."""
+        target = await asyncio.to_thread(self._copy_for_build)
+        if target is None:
+            return False
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                __name__,
+                str(target),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            try:
+                _, err = await proc.communicate()
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                raise
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"graph build of {target} failed ({proc.returncode}): "
+                    f"{err.decode(errors='replace')[-2000:]}"
+                )
+            await asyncio.to_thread(self._switch_to, target)
+        except BaseException:
+            with self._write_lock:
+                self._during_build = None
+            await asyncio.to_thread(shutil.rmtree, target, True)
+            raise
+        asyncio.get_running_loop().call_later(RETIRE_S, self._retire_later)
+        return True
+
+    def _copy_for_build(self) -> Path | None:
+        shard = self.get()
+        if shard is None:
+            return None
+        with self._write_lock:
+            if self._during_build is not None:
+                return None
+            target = self.path / f"g{self._generation + 1}"
+            shutil.rmtree(target, ignore_errors=True)
+            shard.flush()
+            shutil.copytree(self.path / f"g{self._generation}", target)
+            self._during_build = []
+        return target
+
+    def _switch_to(self, target: Path) -> None:
+        built = EdgeShard.load(str(target))
+        with self._write_lock:
+            for op in self._during_build or []:
+                op(built)
+            built.flush()
+            self._during_build = None
+            with self._lock:
+                old, old_folder = self._shard, self.path / f"g{self._generation}"
+                self._shard = built
+                self._set_current(int(target.name[1:]))
+            if old is not None:
+                self._retired.append((old, old_folder))
+
+    def _retire_later(self) -> None:
+        threading.Thread(target=self.retire, name="edge-slot-retire", daemon=True).start()
+
+    def retire(self) -> None:
+        """Close and delete the shards builds replaced (blocking)."""
+        with self._lock:
+            retired, self._retired = self._retired, []
+        for shard, folder in retired:
+            with contextlib.suppress(Exception):
+                shard.close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def close(self) -> None:
+        """Flush and close the shard in use and the retired ones (blocking)."""
+        with self._lock:
+            if self._shard is not None:
+                self._shard.flush()
+                self._shard.close()
+                self._shard = None
+            self._loaded = False
+        self.retire()
+
+
+def _build_main(folder: str) -> None:
+    """The child of :meth:`ShardSlot.build`: the graphs of the shard at ``folder``."""
+    with contextlib.suppress(OSError):
+        os.nice(19)
+    shard = EdgeShard.load(folder)
+    shard.optimize()
+    shard.flush()
+    shard.close()
+
+
+if __name__ == "__main__":
+    _build_main(sys.argv[1])
