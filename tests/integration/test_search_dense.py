@@ -409,3 +409,26 @@ async def test_the_hnsw_walk_agrees_with_the_exact_scan_on_a_small_agent(
     assert next(iter(exact))[1] == next(iter(walk))[1] == 24
     assert math.isclose(max(exact.values()), max(walk.values()), abs_tol=1e-6)
     await small.close()
+
+
+async def test_the_vector_loop_builds_the_graphs_and_searches_find_the_same(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+) -> None:
+    """Once enough points are in no graph the loop builds them (a child process) and the
+    index switches to the built shard; searches answer the same before and after."""
+    from memstream.projections.edge_slot import CURRENT
+
+    _, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
+    await _conversation(indexed, "a")
+    index = indexed.vector_index(embedder.model)
+    assert index is not None
+    index.build_after = 10
+    vectors = MessageVectors(indexed, embedder)
+    assert await vectors.catch_up() == 25  # its step builds once 25 >= 10 are in no graph
+    # once: the 25 points stay below the optimizer's indexing threshold, and what a build
+    # leaves in no graph is not built again until 10 more come
+    assert (index.path / CURRENT).read_text() == "g2"
+    assert await vectors.step() == 0
+    assert (index.path / CURRENT).read_text() == "g2"
+    assert (await search(indexed, query=PARAPHRASE, limit=3))[0] == ("a", 24)
+    await indexed.close()

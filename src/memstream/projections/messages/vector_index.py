@@ -197,6 +197,7 @@ class VectorIndex:
         self.tuning = tuning
         self.build_after = OPTIMIZE_AFTER
         self.slot = ShardSlot(path)
+        self._left_unindexed = 0
         self._closed = False
 
     # --- state -----------------------------------------------------------------------------
@@ -379,15 +380,21 @@ class VectorIndex:
         return await asyncio.to_thread(self.maintain_blocking, force)
 
     async def build(self, *, force: bool = False) -> bool:
-        """Build the HNSW graphs in a child process, once at least :attr:`build_after`
-        points are in none (``force``: whatever their number), and switch to the result
+        """Build the HNSW graphs in a child process, once at least :attr:`build_after` more
+        points are in none than the last build left (``force``: whatever their number), and
+        switch to the result
         (:meth:`ShardSlot.build`); searches and writes go on meanwhile. True if it
         switched."""
-        if self._closed or (
-            not force and await asyncio.to_thread(self.slot.unindexed) < self.build_after
-        ):
+        if self._closed:
             return False
-        return await self.slot.build()
+        unindexed = await asyncio.to_thread(self.slot.unindexed)
+        if not force and unindexed - self._left_unindexed < self.build_after:
+            return False
+        built = await self.slot.build()
+        # what the optimizer leaves in no graph (segments below its indexing threshold) is
+        # not built again until as many more points come
+        self._left_unindexed = await asyncio.to_thread(self.slot.unindexed)
+        return built
 
     def info(self) -> Any:
         """Segments, points and indexed vectors (None before the first write): how a bench
