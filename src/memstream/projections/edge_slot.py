@@ -39,7 +39,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
-from qdrant_edge import EdgeConfig, EdgeShard, UpdateOperation
+from qdrant_edge import (
+    Distance,
+    EdgeConfig,
+    EdgeOptimizersConfig,
+    EdgeShard,
+    EdgeSparseVectorParams,
+    EdgeVectorParams,
+    HnswIndexConfig,
+    Modifier,
+    UpdateOperation,
+)
+
+from memstream.projections.memory_index.tuning import IndexTuning
 
 CURRENT: Final = "CURRENT"
 """The file naming the shard folder in use."""
@@ -47,6 +59,31 @@ RETIRE_S: Final = 30.0
 """How long a shard replaced by a build stays open for the searches still reading it."""
 
 Write = Callable[[EdgeShard], None]
+
+
+def shard_config(
+    dimensions: int, tuning: IndexTuning, *, dense: str, sparse: str | None = None
+) -> EdgeConfig:
+    """A shard's configuration: a named dense (cosine) vector, optionally a named sparse
+    one (BM25 with IDF), and the HNSW graph and indexing threshold of ``tuning``."""
+    optimizers = (
+        EdgeOptimizersConfig(indexing_threshold=tuning.indexing_threshold_kb)
+        if tuning.indexing_threshold_kb is not None
+        else None
+    )
+    return EdgeConfig(
+        optimizers=optimizers,
+        vectors={dense: EdgeVectorParams(size=dimensions, distance=Distance.Cosine)},
+        sparse_vectors=(
+            {sparse: EdgeSparseVectorParams(modifier=Modifier.Idf)} if sparse is not None else None
+        ),
+        hnsw_config=HnswIndexConfig(
+            m=tuning.m,
+            ef_construct=tuning.ef_construct,
+            full_scan_threshold=tuning.full_scan_kb,
+            payload_m=tuning.payload_m,
+        ),
+    )
 
 
 class ShardSlot:

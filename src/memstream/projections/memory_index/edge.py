@@ -18,23 +18,17 @@ from typing import Any
 from qdrant_edge import (
     AcornSearchParams,
     CountRequest,
-    Distance,
     EdgeConfig,
-    EdgeOptimizersConfig,
     EdgeShard,
-    EdgeSparseVectorParams,
-    EdgeVectorParams,
     FieldCondition,
     Filter,
     FloatIndexParams,
     Fusion,
     HasIdCondition,
-    HnswIndexConfig,
     IntegerIndexParams,
     IsEmptyCondition,
     KeywordIndexParams,
     MatchValue,
-    Modifier,
     Point,
     Prefetch,
     Query,
@@ -46,7 +40,7 @@ from qdrant_edge import (
 )
 
 from memstream.errors import PermanentInfraError
-from memstream.projections.edge_slot import ShardSlot
+from memstream.projections.edge_slot import ShardSlot, shard_config
 from memstream.projections.memory_index.layout import (
     DENSE,
     FLOAT_FIELDS,
@@ -153,22 +147,7 @@ def hybrid_request(
 def edge_config(dimensions: int, tuning: IndexTuning) -> EdgeConfig:
     """A collection's configuration: named dense (cosine) and BM25 (IDF) vectors, and the
     HNSW graph and indexing threshold of ``tuning``."""
-    optimizers = (
-        EdgeOptimizersConfig(indexing_threshold=tuning.indexing_threshold_kb)
-        if tuning.indexing_threshold_kb is not None
-        else None
-    )
-    return EdgeConfig(
-        optimizers=optimizers,
-        vectors={DENSE: EdgeVectorParams(size=dimensions, distance=Distance.Cosine)},
-        sparse_vectors={SPARSE: EdgeSparseVectorParams(modifier=Modifier.Idf)},
-        hnsw_config=HnswIndexConfig(
-            m=tuning.m,
-            ef_construct=tuning.ef_construct,
-            full_scan_threshold=tuning.full_scan_kb,
-            payload_m=tuning.payload_m,
-        ),
-    )
+    return shard_config(dimensions, tuning, dense=DENSE, sparse=SPARSE)
 
 
 def field_indexes(tuning: IndexTuning) -> list[UpdateOperation]:

@@ -55,15 +55,10 @@ import numpy as np
 from qdrant_edge import (
     AcornSearchParams,
     CountRequest,
-    Distance,
-    EdgeConfig,
-    EdgeOptimizersConfig,
     EdgeShard,
-    EdgeVectorParams,
     FieldCondition,
     Filter,
     HasIdCondition,
-    HnswIndexConfig,
     KeywordIndexParams,
     MatchAny,
     MatchValue,
@@ -74,7 +69,7 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
-from memstream.projections.edge_slot import ShardSlot
+from memstream.projections.edge_slot import ShardSlot, shard_config
 from memstream.projections.memory_index.tuning import IndexTuning
 from memstream.projections.messages.text_table import text_key
 
@@ -150,24 +145,6 @@ def model_dir(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", model) or "_"
 
 
-def shard_config(dimensions: int, tuning: IndexTuning) -> EdgeConfig:
-    optimizers = (
-        EdgeOptimizersConfig(indexing_threshold=tuning.indexing_threshold_kb)
-        if tuning.indexing_threshold_kb is not None
-        else None
-    )
-    return EdgeConfig(
-        optimizers=optimizers,
-        vectors={DENSE: EdgeVectorParams(size=dimensions, distance=Distance.Cosine)},
-        hnsw_config=HnswIndexConfig(
-            m=tuning.m,
-            ef_construct=tuning.ef_construct,
-            full_scan_threshold=tuning.full_scan_kb,
-            payload_m=tuning.payload_m,
-        ),
-    )
-
-
 def _agent_filter(account_id: str, agent_id: str) -> list[Any]:
     return [
         FieldCondition("account_id", match=MatchValue(account_id)),
@@ -231,7 +208,7 @@ class VectorIndex:
 
     # --- writes ----------------------------------------------------------------------------
     def _upsert_blocking(self, rows: Sequence[VectorRow]) -> None:
-        self.slot.create(shard_config(len(rows[0].vector), self.tuning), self._setup())
+        self.slot.create(shard_config(len(rows[0].vector), self.tuning, dense=DENSE), self._setup())
         upsert = UpdateOperation.upsert_points(
             [
                 Point(
