@@ -92,9 +92,10 @@ TUNING: Final = IndexTuning(
 )
 """One HNSW graph per agent (``m = 0``, ``payload_m = 16`` on ``agent_id``), no
 collection-wide graph: every search filters on one agent. Agents of up to 150,000 KB of
-vectors (100,000 at 384-d, 25,000 at 1,536-d) are scanned exactly (~18 ms at 100k,
-measured); larger ones walk their graph with ``hnsw_ef`` and ACORN as chosen by
-``bench/transcript_vectors.py`` (docs/transcript-search.md)."""
+vectors (100,000 at 384-d, 25,000 at 1,536-d) are scanned exactly (p50 20 / p99 29-35 ms
+at 100k, measured); larger ones walk their graph with ``hnsw_ef = 1024`` and ACORN, the
+smallest setting within 0.02 hit@5 of the exact scan at 1M in two builds (gaps 0.020 and
+0.010; ACORN off needed 4096), ``bench/transcript_vectors.py`` (docs/transcript-search.md)."""
 
 OPTIMIZE_AFTER: Final = 20_000
 """Points not yet in an HNSW graph that make :meth:`VectorIndex.maintain` build one."""
