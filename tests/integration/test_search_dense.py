@@ -280,6 +280,16 @@ async def wait_for(check: Callable[[], bool], what: str, timeout: float = 120.0)
 
 
 # --- the vector index (qdrant-edge beside chdb) ---------------------------------------------
+async def _other_conversation(store: MessageStore, thread: str) -> None:
+    """Like :func:`_conversation`, in other words (its turns tie with none of it)."""
+    msgs = [
+        m(thread, i, "user" if i % 2 == 0 else "assistant", f"{FILLER[i % len(FILLER)]} Day {i}.")
+        for i in range(24)
+    ]
+    msgs.append(m(thread, 24, "user", "We brought home a beagle puppy from the rescue centre."))
+    await project(store, msgs)
+
+
 async def _dense_pair(
     chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
 ) -> tuple[MessageStore, MessageStore]:
@@ -348,7 +358,7 @@ async def test_a_lost_or_interrupted_index_is_filled_from_clickhouse_at_start(
     incomplete shard; erasure removes the thread's points."""
     sql, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
     await _conversation(sql, "a")
-    await _conversation(sql, "b")
+    await _other_conversation(sql, "b")  # other words: no exact ties for the ranking
     await MessageVectors(sql, embedder).catch_up()  # ClickHouse only: an upgrade
     want = await search(sql, query=PARAPHRASE, limit=5)
     await indexed.ensure_schema()  # fills
