@@ -435,10 +435,12 @@ async def test_the_vector_loop_builds_the_graphs_and_searches_find_the_same(
     index.build_after = 10
     vectors = MessageVectors(indexed, embedder)
     assert await vectors.catch_up() == 25  # its step builds once 25 >= 10 are in no graph
+    await vectors.built()
     # once: the 25 points stay below the optimizer's indexing threshold, and what a build
     # leaves in no graph is not built again until 10 more come
     assert (index.path / CURRENT).read_text() == "g2"
     assert await vectors.step() == 0
+    await vectors.built()
     assert (index.path / CURRENT).read_text() == "g2"
     assert (await search(indexed, query=PARAPHRASE, limit=3))[0] == ("a", 24)
     await indexed.close()

@@ -18,8 +18,8 @@ Guarantees:
   messages (:meth:`~.store.MessageStore.erase_thread`).
 - With a vector index (embedded chdb: :mod:`~.vector_index`), each batch is upserted there
   first, then inserted into ``message_vectors``; once enough points are in no HNSW graph,
-  the step builds them (:meth:`~.vector_index.VectorIndex.build`, a child process; the
-  loop waits, searches do not).
+  the step starts building them in the background (:meth:`~.vector_index.VectorIndex.build`,
+  a child process); embedding and searches go on meanwhile.
 - Vectors are not put in any persistent embedding cache: they are derived from message text,
   and the only copy is the row erasure deletes.
 """
@@ -27,6 +27,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Final
 
@@ -71,6 +72,7 @@ class MessageVectors:
         self.batch = batch
         self.embedded = 0
         self._build_retry_at = 0.0
+        self._building: asyncio.Task[None] | None = None
 
     async def step(self) -> int:
         """Embed and store one batch of pending messages; returns how many vectors were
@@ -110,19 +112,38 @@ class MessageVectors:
         return len(kept)
 
     async def _build(self, index: VectorIndex | None) -> None:
-        """The index's HNSW graphs, once enough points are in none (a child process; see
-        :meth:`VectorIndex.build`). A failed build is logged and tried again
-        :data:`BUILD_RETRY_S` later: embedding goes on, and searches scan the points not
-        in a graph meanwhile."""
+        """Start building the index's HNSW graphs, once enough points are in none (a child
+        process, in the background: minutes at 1M; see :meth:`VectorIndex.build`). The loop
+        embeds on meanwhile (its writes reach the built shard too) and searches scan the
+        points not in a graph. A failed build is logged and tried again
+        :data:`BUILD_RETRY_S` later."""
         now = asyncio.get_running_loop().time()
         if index is None or not index.ready or now < self._build_retry_at:
             return
+        if self._building is not None and not self._building.done():
+            return
+        self._building = asyncio.create_task(self._build_now(index), name="vector-index-build")
+
+    async def _build_now(self, index: VectorIndex) -> None:
         try:
             if await index.build():
                 log.info("vector index of %s: HNSW graphs built", self.store.database)
         except Exception:
             log.exception("vector index of %s: building its graphs failed", self.store.database)
-            self._build_retry_at = now + BUILD_RETRY_S
+            self._build_retry_at = asyncio.get_running_loop().time() + BUILD_RETRY_S
+
+    async def built(self) -> None:
+        """Wait for the graph build in progress, if any (tests, benches)."""
+        if self._building is not None:
+            await self._building
+
+    async def stop_building(self) -> None:
+        """Cancel the graph build in progress (its child is killed; the shard in use stays)."""
+        task, self._building = self._building, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def catch_up(self) -> int:
         """Step until nothing is pending; returns the messages embedded (benches, tests,
@@ -156,6 +177,12 @@ class MessageVectors:
           machine for seconds per batch, whatever its priority: appends measured 0.59-0.66x
           with it embedding beside a burst, 1.25x (noise) with this rule
           (bench/up_dense_append.py, docs/transcript-search.md)."""
+        try:
+            await self._run(idle_s, quiet_s, max_defer_s)
+        finally:
+            await self.stop_building()
+
+    async def _run(self, idle_s: float, quiet_s: float, max_defer_s: float) -> None:
         seen: tuple[str, int] | None = None  # the table when last caught up
         last: tuple[str, int] | None = None
         loop = asyncio.get_running_loop()
