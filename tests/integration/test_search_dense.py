@@ -444,3 +444,26 @@ async def test_the_vector_loop_builds_the_graphs_and_searches_find_the_same(
     assert (index.path / CURRENT).read_text() == "g2"
     assert (await search(indexed, query=PARAPHRASE, limit=3))[0] == ("a", 24)
     await indexed.close()
+
+
+async def test_dense_candidates_get_the_bm25_their_lexical_hit_has(
+    dense_store: MessageStore,
+) -> None:
+    """The BM25 a dense-only candidate gets (its text read by key and analysed in Python)
+    is the score BM25's own list gives the same message: the same terms, tf and length."""
+    await dense_store.ensure_schema()
+    await _conversation(dense_store)
+    await _other_conversation(dense_store, "other")
+    spec = build_search_spec(Caller("acc", "ag", None), "beagle walk tea game rescue puppy")
+    hits = await dense_store.lexical_search(replace(spec, limit=50, explain=True))
+    assert len(hits) > 5
+    again = await dense_store._hits_at(  # noqa: SLF001 - the dense candidates' scoring
+        spec, [(h.thread_id, h.offset) for h in hits], hits[0].explain
+    )
+    assert again.keys() == {(h.thread_id, h.offset) for h in hits}
+    for h in hits:
+        got = again[(h.thread_id, h.offset)]
+        assert h.explain is not None and got.explain is not None
+        assert got.content == h.content and got.explain["length"] == h.explain["length"]
+        # BM25 before the proximity bonus, which only the lexical list applies
+        assert math.isclose(got.relevance, float(str(h.explain["bm25"])), rel_tol=1e-6), h.content
