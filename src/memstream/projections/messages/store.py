@@ -745,15 +745,20 @@ LIMIT {INDEX_FILL_BATCH}""",
         wide = replace(spec, limit=max(spec.limit, DENSE_WINDOW), explain=True)
         index = self.vector_index(model)
         if index is not None and index.ready:
-            # the query's embedding and the dense list while BM25 runs, then the similarity
-            # of BM25's candidates (a scan of at most DENSE_WINDOW points by id)
+            # the query's embedding and the dense list while BM25 runs; then, together, the
+            # similarity of BM25's candidates (a scan of at most DENSE_WINDOW points by id)
+            # and the BM25 of the dense list's others
             (vector, hidden, nearest), lexical = await asyncio.gather(
                 self._nearest(spec, index), self.lexical_search(wide)
             )
-            keyed = await index.nearest(
-                self._dense_query(
-                    spec, vector, hidden, 0, [(h.thread_id, h.offset) for h in lexical]
-                )
+            bm25_keys = [(h.thread_id, h.offset) for h in lexical]
+            keyed, others = await asyncio.gather(
+                index.nearest(
+                    self._dense_query(
+                        spec, vector, hidden, 0, [k for k in bm25_keys if k not in nearest]
+                    )
+                ),
+                self._others(spec, lexical, nearest),
             )
             dense = _by_similarity({**nearest, **keyed})
         else:
@@ -763,14 +768,12 @@ LIMIT {INDEX_FILL_BATCH}""",
             )
             keys = [(h.thread_id, h.offset) for h in lexical]
             dense = await self.dense(spec, embedded[0], model, keys)
+            others = await self._others(spec, lexical, dense)
         by_key = {(h.thread_id, h.offset): h for h in lexical}
         weight = _query_weight(lexical)
         scores = {k: coverage(h.relevance, weight) for k, h in by_key.items()}
-        missing = [k for k in dense if k not in by_key]
-        if missing:  # the dense side's other candidates: their BM25, computed here
-            others = await self._hits_at(spec, missing, lexical[0].explain if lexical else None)
-            by_key.update(others)
-            scores.update({k: coverage(h.relevance, weight) for k, h in others.items()})
+        by_key.update(others)
+        scores.update({k: coverage(h.relevance, weight) for k, h in others.items()})
         fused = fuse(scores, dense)
         out: list[SearchHit] = []
         seen: set[tuple[str, str]] = set()
@@ -795,6 +798,22 @@ LIMIT {INDEX_FILL_BATCH}""",
             if len(out) == spec.limit:
                 break
         return out
+
+    async def _others(
+        self,
+        spec: SearchSpec,
+        lexical: Sequence[SearchHit],
+        dense: dict[tuple[str, int], float],
+    ) -> dict[tuple[str, int], SearchHit]:
+        """The dense side's candidates BM25's list lacks, with their BM25 (:meth:`_hits_at`)."""
+        in_lexical = {(h.thread_id, h.offset) for h in lexical}
+        missing = [k for k in dense if k not in in_lexical]
+        if not missing:
+            return {}
+        got = await self._hits_at(spec, missing, lexical[0].explain if lexical else None)
+        # in the dense side's order, whatever order the rows came in: the fusion keeps it
+        # among equal scores
+        return {k: got[k] for k in missing if k in got}
 
     async def _nearest(
         self, spec: SearchSpec, index: VectorIndex
