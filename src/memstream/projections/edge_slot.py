@@ -132,7 +132,7 @@ class ShardSlot:
         if not parked.exists():
             if not self.path.is_dir() or (self.path / CURRENT).exists():
                 return
-            if not any(p.name != ".DS_Store" for p in self.path.iterdir()):
+            if not any(self.path.iterdir()):
                 return
             self.path.rename(parked)
         self.path.mkdir(parents=True, exist_ok=True)

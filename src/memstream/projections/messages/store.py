@@ -124,6 +124,7 @@ from memstream.projections.messages.vector_index import (
     DenseQuery,
     VectorIndex,
     VectorRow,
+    by_similarity,
     close_vector_indexes,
     drop_vector_indexes,
     model_dir,
@@ -760,7 +761,7 @@ LIMIT {INDEX_FILL_BATCH}""",
                 ),
                 self._others(spec, lexical, nearest),
             )
-            dense = _by_similarity({**nearest, **keyed})
+            dense = by_similarity({**nearest, **keyed})
         else:
             # the query vector is computed while ClickHouse runs BM25 (both off the loop)
             embedded, lexical = await asyncio.gather(
@@ -1270,12 +1271,6 @@ LIMIT {INDEX_FILL_BATCH}""",
         if has_postings:
             await self.engine.command(f"OPTIMIZE TABLE {self.database}.{POSTINGS_TABLE} FINAL")
         await self.engine.command(f"OPTIMIZE TABLE {self.database}.thread_users FINAL")
-
-
-def _by_similarity(dense: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
-    """The dense side in the SQL scan's order (similarity, then thread and offset): the
-    fusion keeps the dense side's order among equal scores."""
-    return dict(sorted(dense.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _query_weight(hits: Sequence[SearchHit]) -> float:

@@ -113,10 +113,6 @@ class VectorRow:
     offset: int
     vector: Sequence[float] | np.ndarray[Any, Any]
 
-    @property
-    def key(self) -> str:
-        return text_key(self.account_id, self.agent_id, self.thread_id, self.offset)
-
 
 @dataclass(frozen=True, slots=True)
 class DenseQuery:
@@ -134,6 +130,12 @@ class DenseQuery:
     """None: the tuning decides by the agent's size (``exact_scan_kb``); True: score every
     filtered point (the reference benches and tests compare the walk with); False: walk the
     agent's HNSW graph where one was built (points in none are scanned)."""
+
+
+def by_similarity(dense: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
+    """The dense side in the SQL scan's order (similarity, then thread and offset): the
+    fusion keeps the dense side's order among equal scores."""
+    return dict(sorted(dense.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def point_id(account_id: str, agent_id: str, thread_id: str, offset: int) -> str:
@@ -336,9 +338,7 @@ class VectorIndex:
             for h in keyed:
                 p = h.payload or {}
                 out[(str(p["thread_id"]), int(p["offset"]))] = float(h.score)
-        # ties in the SQL scan's order (similarity, then thread and offset): the fusion keeps
-        # the dense side's order among equals
-        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+        return by_similarity(out)
 
     async def nearest(self, q: DenseQuery) -> dict[tuple[str, int], float]:
         return await asyncio.to_thread(self.nearest_blocking, q)
