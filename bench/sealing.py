@@ -118,7 +118,7 @@ async def main(args: argparse.Namespace) -> None:
         plan = plan_batch(rows, "j", 0)
         t_plan = time.perf_counter() - t0
         t0 = time.perf_counter()
-        sealed = [v for _, v in await seal_records(keyring, plan)]
+        sealed = [r[1] for r in await seal_records(keyring, plan)]  # values (records carry headers)
         t_seal = time.perf_counter() - t0
         print(
             f"relay CPU: plan {len(rows) / t_plan:.0f}/s, seal {len(rows) / t_seal:.0f}/s "
@@ -126,16 +126,16 @@ async def main(args: argparse.Namespace) -> None:
             f"({t_seal / len(rows) * 1e6:.1f} us per record)"
         )
         # the consumer side: open + decode against decode
-        plain = [v for _, v in plan.records]
+        plain = [r[1] for r in plan.records]
         t0 = time.perf_counter()
         for v in plain:
             decode(v)
         t_plain = time.perf_counter() - t0
         t0 = time.perf_counter()
         for i in range(0, len(sealed), 500):
-            for v in await keyring.open_many(sealed[i : i + 500]):
-                assert v is not None
-                decode(v)
+            for opened in await keyring.open_many(sealed[i : i + 500]):
+                assert opened is not None
+                decode(opened)
         t_sealed = time.perf_counter() - t0
         print(
             f"consumer: decode {len(plain) / t_plain:.0f}/s, open+decode "
