@@ -49,6 +49,7 @@ from memstream.projections.memory_index.edge import EdgeIndex, scope_filter
 from memstream.projections.memory_index.layout import DENSE, PointIdentity, RecallScope, point_id
 from memstream.projections.memory_index.port import IndexPoint, SparseVec
 from memstream.projections.memory_index.tuning import LEGACY, TUNING, IndexTuning
+from memstream.schemas.records import JSONObject
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the repository root: tests.fixtures
 from tests.fixtures.recall_facts import Target, generate  # noqa: E402
@@ -158,7 +159,7 @@ def build_entries(
     return entries, mixes
 
 
-def payload(e: Entry, version: int) -> dict[str, object]:
+def payload(e: Entry, version: int) -> JSONObject:
     return {
         "account_id": ACCOUNT,
         "agent_id": e.agent,
@@ -257,11 +258,12 @@ async def run_config(
         # exact_scan_kb gets)
         keys_, lat_, _ = ask(False, exact_dense=True)
         swept["dense exact"] = (keys_, lat_)
-    agent_points = edge._agent_points(edge._shards[name], AGENT)  # noqa: SLF001
+    shard = edge._slots[name].get()  # noqa: SLF001 - the dense prefetch alone, on the same shard
+    assert shard is not None
+    agent_points = edge._agent_points(shard, AGENT)  # noqa: SLF001
     scans = tuning.scans_exactly(agent_points, vecs.shape[1])
 
     flt = scope_filter(scope)
-    shard = edge._shards[name]  # noqa: SLF001 - the dense prefetch alone, on the same shard
     overlap, d_a, d_e = 0.0, [], []
     acorn = (
         AcornSearchParams(enable=True, max_selectivity=tuning.acorn_max_selectivity)
@@ -448,11 +450,11 @@ async def main() -> None:
         )
     for n in args.sizes:
         if (n, "before") in summary and (n, "after") in summary:
-            b, a = summary[(n, "before")], summary[(n, "after")]
+            bef, aft = summary[(n, "before")], summary[(n, "after")]
             print(
-                f"{n:,}: hybrid hit@5 gap to exact before {b['hybx@5'] - b['hyb@5']:+.3f}, "
-                f"after {a['hybx@5'] - a['hyb@5']:+.3f}; MemoryIndex.query p99 after/before "
-                f"{a['svc_p99'] / b['svc_p99']:.2f}x"
+                f"{n:,}: hybrid hit@5 gap to exact before {bef['hybx@5'] - bef['hyb@5']:+.3f}, "
+                f"after {aft['hybx@5'] - aft['hyb@5']:+.3f}; MemoryIndex.query p99 after/before "
+                f"{aft['svc_p99'] / bef['svc_p99']:.2f}x"
             )
 
 
