@@ -91,7 +91,7 @@ async def one_run(
     gated = GatedProcessor(projector, Gate(), record_messages(positions.messages))
     settings = Settings(
         kafka_bootstrap=bootstrap, topic_prefix=topics.prefix, partitions=4, data_dir=root
-    )  # type: ignore[call-arg]
+    )
     runner = Runner(settings, {NAME: lambda: gated}, make_metrics(), lag_interval_s=None)
     await runner.start()
     latencies: list[float] = []
@@ -164,9 +164,9 @@ async def main(rate: float, seconds: float, configs: list[str], broker: str) -> 
             + (f"  ({failed} not searchable within 30 s)" if failed else "")
         )
     base = results[0][1]
-    for config, lat, _, _ in results[1:]:
+    for label, lat, _, _ in results[1:]:
         print(
-            f"{config} / {results[0][0]}: p50 {statistics.median(lat) / statistics.median(base):.2f}"
+            f"{label} / {results[0][0]}: p50 {statistics.median(lat) / statistics.median(base):.2f}"
             f"x, p99 {pct(lat, 99) / pct(base, 99):.2f}x"
         )
 

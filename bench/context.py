@@ -256,7 +256,7 @@ async def main(args: argparse.Namespace) -> None:
         assert len(check.messages) == 2 + WINDOW_MESSAGES  # type: ignore[attr-defined]
 
         services = Services(
-            settings=Settings(data_dir=work),  # type: ignore[arg-type]
+            settings=Settings(data_dir=work),
             accounts=accounts,
             journal=journal,
             clock=clock,

@@ -81,8 +81,8 @@ async def main(args: argparse.Namespace) -> None:
             for side in ("per thread", "together") if r % 2 == 0 else ("together", "per thread"):
                 t0 = time.perf_counter()
                 if side == "per thread":
-                    for a, g, t in victim:
-                        await old.erase_thread(a, g, t)
+                    for acc, agent, thread in victim:
+                        await old.erase_thread(acc, agent, thread)
                     before.append(time.perf_counter() - t0)
                 else:
                     await new.erase_threads(victim)

@@ -460,25 +460,27 @@ async def main(args: argparse.Namespace, work: Path, servers: list[Up], loads: l
             for s in servers:
                 steps += [(f"append {s.name}", s, "append"), (f"healthz {s.name}", s, "healthz")]
             steps = steps[r % len(steps) :] + steps[: r % len(steps)]
-            for name, s, kind in steps:
+            for name, srv, kind in steps:
                 p = paths.setdefault(name, Path_())
                 # the pipeline digests earlier appends after their phase ended (relay,
                 # processors, embedder): let it finish, so its CPU lands on no later phase
                 await asyncio.to_thread(_settle, servers)
-                if s is None:
+                b0: tuple[float, float]  # (group commits, messages) before the phase, and after
+                b1: tuple[float, float]
+                if srv is None:
                     b0 = (journal.stats.batches, journal.stats.messages)
                     rate, lat = await _in_process(journal, args.clients, args.per_client, seq)
                     cpu_s = client_s = 0.0
                     xacts = 0
                     b1 = (journal.stats.batches, journal.stats.messages)
                 else:
-                    b0, x0 = s.batches(), s.pg_transactions()
-                    c0 = s.cpu()
+                    b0, x0 = srv.batches(), srv.pg_transactions()
+                    c0 = srv.cpu()
                     rate, lat, client_s = await asyncio.to_thread(
-                        load.run, s.port, kind, s.key, args.per_client, seq
+                        load.run, srv.port, kind, srv.key, args.per_client, seq
                     )
-                    cpu_s = s.cpu() - c0
-                    b1, xacts = s.batches(), s.pg_transactions() - x0
+                    cpu_s = srv.cpu() - c0
+                    b1, xacts = srv.batches(), srv.pg_transactions() - x0
                 seq += args.per_client
                 if r == 0:
                     continue

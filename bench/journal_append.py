@@ -153,7 +153,7 @@ async def offered(root: Path, rate: int) -> tuple[float, float, float, int]:
         await j.append(refs[i % 10], msg)
         samples.append((time.perf_counter() - t0) * 1000)
 
-    tasks = []
+    tasks: list[asyncio.Task[None]] = []
     start = time.perf_counter()
     while len(tasks) < rate:
         due = min(rate, int((time.perf_counter() - start) * rate) + 1)

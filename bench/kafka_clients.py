@@ -119,11 +119,14 @@ def _ck_batch(consumer: Consumer, records: bool) -> int:
         out = []
         for m in msgs:
             ts = m.timestamp()[1]
+            topic, partition, offset = m.topic(), m.partition(), m.offset()
+            # records, not events (an event has no topic or offset; none comes: no EOF events)
+            assert topic is not None and partition is not None and offset is not None
             out.append(
                 new_raw_record(
-                    m.topic(),
-                    m.partition(),
-                    m.offset(),
+                    topic,
+                    partition,
+                    offset,
                     m.key(),
                     ts / 1000.0 if ts >= 0 else None,
                     None,

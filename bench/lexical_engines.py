@@ -119,15 +119,13 @@ async def writes(store: MessageStore, index: LexicalIndex, batch: int, batches: 
     )
     import tantivy
 
-    held = (
-        index._index.searcher()
-        .search(  # noqa: SLF001
-            tantivy.Query.term_query(index._schema, "agent_id", agent),
-            1,
-            count=True,  # noqa: SLF001
-        )
-        .count
+    found = index._index.searcher().search(  # noqa: SLF001
+        tantivy.Query.term_query(index._schema, "agent_id", agent),  # noqa: SLF001
+        1,
+        count=True,
     )
+    # tantivy.pyi (0.27) leaves out SearchResult.count, which the binding has
+    held: int = found.count  # type: ignore[attr-defined]
     total = batch * batches
     print(
         f"  batches of {batch:>5}: index upsert p50 {ts.pct(idx_ms, 50):6.1f} / p99 {ts.pct(idx_ms, 99):6.1f} ms "

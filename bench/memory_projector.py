@@ -33,7 +33,8 @@ from memstream.projections.memory_index import MemoryIndex
 from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.projections.memory_index.layout import document_text, payload_of
 from memstream.projections.memory_index.port import IndexPoint
-from memstream.schemas.events import memory_event
+from memstream.projections.memory_index.rules import Upsert
+from memstream.schemas.events import Envelope, memory_event
 from memstream.schemas.records import MemoryEntry
 from memstream.streams.memory_projector import ops_of_batch
 
@@ -62,7 +63,7 @@ WORDS = [
 ]
 
 
-def events(n: int, first: int = 0) -> list:
+def events(n: int, first: int = 0) -> list[Envelope]:
     out = []
     for i in range(first, first + n):
         content = " ".join(WORDS[(i * k) % len(WORDS)] for k in (1, 3, 7, 11)) + f" fact {i}"
@@ -83,7 +84,7 @@ def events(n: int, first: int = 0) -> list:
     return out
 
 
-async def project(index: MemoryIndex, evs: list, batch: int = 256) -> float:
+async def project(index: MemoryIndex, evs: list[Envelope], batch: int = 256) -> float:
     t = time.perf_counter()
     for i in range(0, len(evs), batch):
         await index.apply(ops_of_batch(evs[i : i + batch]))
@@ -96,7 +97,7 @@ async def main() -> None:
     ap.add_argument("--single", type=int, default=16, help="entries projected one per call")
     args = ap.parse_args()
     evs = events(args.entries)
-    texts = [document_text(op.entry) for op in ops_of_batch(evs)]  # type: ignore[union-attr]
+    texts = [document_text(op.entry) for op in ops_of_batch(evs) if isinstance(op, Upsert)]
     with tempfile.TemporaryDirectory() as tmp:
         store = SqliteEmbeddingStore(Path(tmp) / "emb.sqlite")
         edge = EdgeIndex(Path(tmp) / "qdrant")
@@ -145,8 +146,8 @@ async def main() -> None:
 
         # raw ceiling: the same points, vectors in hand, one upsert per batch
         await edge.drop_collection(name)
-        ops = ops_of_batch(evs)
-        vecs = await cache.embed([document_text(op.entry) for op in ops])  # type: ignore[union-attr]
+        ops = [op for op in ops_of_batch(evs) if isinstance(op, Upsert)]  # every one: stored
+        vecs = await cache.embed([document_text(op.entry) for op in ops])
 
         points = [
             IndexPoint(
@@ -155,7 +156,7 @@ async def main() -> None:
                 index._sparse_doc(document_text(op.entry)),  # noqa: SLF001
                 payload_of(op.entry),
                 op.version,
-            )  # type: ignore[union-attr]
+            )
             for op, v in zip(ops, vecs, strict=True)
         ]
         await edge.ensure_collection(name, cache.dimensions)

@@ -143,28 +143,29 @@ async def main(rounds: int, n1: int, n4: int, n16: int) -> None:
                     Caller("b", agent(i), None), f"k{i}", content(i), "observation", "shared"
                 )
 
+            def raw_op(prefix: str) -> Op:
+                return lambda i: raw_insert(pool, f"{prefix}-{i % 50}", i)
+
+            def one(name: str) -> Callable[[int], str]:
+                return lambda i: name
+
+            def many(prefix: str) -> Callable[[int], str]:
+                return lambda i: f"{prefix}-{i % 50}"
+
             ratios: dict[tuple[int, str], list[float]] = {}
             figures: dict[tuple[int, str], list[float]] = {}
             for conc, n in ((1, n1), (4, n4), (16, n16)):
                 for r in range(rounds):
                     paths: dict[str, Op] = {
-                        "raw": lambda i, c=conc, r=r: raw_insert(pool, f"raw{c}-{r}-{i % 50}", i),
-                        "before, one agent": store(
-                            "before", lambda i, c=conc, r=r: f"before-one{c}-{r}"
-                        ),
-                        "after, one agent": store(
-                            "after", lambda i, c=conc, r=r: f"after-one{c}-{r}"
-                        ),
-                        "before, 50 agents": store(
-                            "before", lambda i, c=conc, r=r: f"before-many{c}-{r}-{i % 50}"
-                        ),
-                        "after, 50 agents": store(
-                            "after", lambda i, c=conc, r=r: f"after-many{c}-{r}-{i % 50}"
-                        ),
+                        "raw": raw_op(f"raw{conc}-{r}"),
+                        "before, one agent": store("before", one(f"before-one{conc}-{r}")),
+                        "after, one agent": store("after", one(f"after-one{conc}-{r}")),
+                        "before, 50 agents": store("before", many(f"before-many{conc}-{r}")),
+                        "after, 50 agents": store("after", many(f"after-many{conc}-{r}")),
                     }
                     if conc == 1:  # same key, identical content: the no-op, on n1 keys
-                        paths["before, no-op"] = store("before", lambda i: "noop")
-                        paths["after, no-op"] = store("after", lambda i: "noop")
+                        paths["before, no-op"] = store("before", one("noop"))
+                        paths["after, no-op"] = store("after", one("noop"))
                     names = list(paths)
                     shift = r % len(names)
                     got: dict[str, float] = {}

@@ -31,7 +31,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from memstream.agents_ctx.memory.store import MemoryService
+import asyncpg
+
+from memstream.agents_ctx.memory.store import MemoryService, _Fetched
 from memstream.clock import SystemClock
 from memstream.infra.accounts import Accounts
 from memstream.infra.embedded.postgres import EmbeddedPostgres
@@ -99,7 +101,7 @@ def pct(xs: list[float], p: float) -> float:
 
 
 async def load(
-    pool,
+    pool: asyncpg.Pool,
     index: MemoryIndex,
     edge: EdgeIndex,
     acct: str,
@@ -186,13 +188,13 @@ async def load(
 
 
 async def bench_size(
-    pool,
+    pool: asyncpg.Pool,
     index: MemoryIndex,
     edge: EdgeIndex,
     service: MemoryService,
     n: int,
-    base_vecs,
-    bases,
+    base_vecs: list[list[float]],
+    bases: list[str],
     reps: int,
     optimize: bool = False,
     analyze: bool = True,
@@ -257,7 +259,7 @@ async def bench_size(
 
         # the service's two Postgres steps alone: the authoritative fetch and the write
         hits_ = [((h[0].owner, h[0].key), h[1]) for h in hits]
-        fetched: dict = {}
+        fetched: dict[tuple[str, str], _Fetched] = {}
         t0 = time.perf_counter()
         scored = await service._fetch_hits(caller, hits_, None, now, fetched)  # noqa: SLF001
         fetch.append(time.perf_counter() - t0)

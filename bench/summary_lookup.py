@@ -25,6 +25,9 @@ from obstore.store import LocalStore
 from memstream.infra.summary_store import SummaryStore, summary_path, version_path
 from memstream.schemas.records import Summary, ThreadRef
 
+#: a summary lookup of the store (before's or after's)
+Lookup = Callable[[SummaryStore, ThreadRef], Awaitable[Summary | None]]
+
 
 async def two_reads(store: SummaryStore, ref: ThreadRef) -> Summary | None:
     """The lookup before this change: read ``summary.json``, then probe the next version."""
@@ -76,16 +79,19 @@ async def main(threads: int, rounds: int) -> None:
         await store.write(ref, s, 0)
     print(f"{threads} new threads, {len(known)} with a summary; load {os.getloadavg()[0]:.1f}")
     rows: dict[str, list[tuple[float, float]]] = {}
+
+    def bound(fn: Lookup) -> Callable[[ThreadRef], Awaitable[Summary | None]]:
+        return lambda ref: fn(store, ref)
+
     for r in range(rounds):
         new = [ThreadRef("acc", "agent", f"new-{r}-{i}") for i in range(threads)]
-        order = [("before", two_reads), ("after", SummaryStore.get_stored)]
+        order: list[tuple[str, Lookup]] = [
+            ("before", two_reads),
+            ("after", SummaryStore.get_stored),
+        ]
         for name, fn in order if r % 2 == 0 else order[::-1]:
-            rows.setdefault(f"new, {name}", []).append(
-                await timed(lambda ref, fn=fn: fn(store, ref), new, 32)
-            )
-            rows.setdefault(f"summarized, {name}", []).append(
-                await timed(lambda ref, fn=fn: fn(store, ref), known, 32)
-            )
+            rows.setdefault(f"new, {name}", []).append(await timed(bound(fn), new, 32))
+            rows.setdefault(f"summarized, {name}", []).append(await timed(bound(fn), known, 32))
     med = {
         k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
         for k, v in rows.items()

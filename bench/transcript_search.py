@@ -79,7 +79,7 @@ WORDS_PER_MESSAGE = 14
 
 def vocabulary(n: int, rng: np.random.Generator) -> np.ndarray:
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    out = set()
+    out: set[str] = set()
     while len(out) < n:
         size = int(rng.integers(3, 10))
         out.add("".join(rng.choice(letters, size)))
