@@ -43,6 +43,10 @@ class ErasedThreads:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def identities(self) -> list[Identity]:
+        """Every erased (account, agent, thread) known here, sorted (a copy)."""
+        return sorted(self._ids)
+
     async def load(self) -> int:
         """Read the registry from Postgres (adds; never forgets an erased thread)."""
         if self._pool is None:

@@ -471,7 +471,10 @@ async def run_replay(  # noqa: PLR0915 - one linear procedure, read top to botto
     await store.save(st)
     seal: Callable[[int], Awaitable[None]] | None = getattr(sink, "seal", None)
     if seal is not None:  # what the bulk load deferred, before the gate closes
+        yield _progress(st, "progress", "seal")  # messages: postings, the vectors' carry and fill
         await seal(st.generation)
+        st.elapsed_s = now() - clock_base
+        yield _progress(st, "progress", "sealed")
 
     # Hand-over: the live projector waits at its gate while the gap is replayed and the
     # pointer moves, so no live write lands in the old generation after the switch.

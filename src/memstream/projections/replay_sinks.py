@@ -21,6 +21,8 @@ Generation names (generation 1 is what a fresh deployment starts with):
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -36,8 +38,9 @@ from memstream.projections.memory_index.index import MemoryIndex
 from memstream.projections.memory_index.layout import collection_name
 from memstream.projections.memory_index.rules import op_for_event
 from memstream.projections.messages import MessageRow, MessageStore, row_of_envelope
+from memstream.projections.messages.carry import carry_all, carry_missing, purge_erased
 from memstream.projections.messages.rows import ParsedBatch, split_journal_batch
-from memstream.projections.messages.sql import KIND_ROW, carry_vectors_sql
+from memstream.projections.messages.sql import KIND_ROW
 from memstream.schemas.events import Envelope, message_of
 from memstream.schemas.records import ThreadRef
 
@@ -48,6 +51,8 @@ __all__ = [
     "database_of",
     "environment_of",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def _dedupe_split(parsed: pa.Table, seen: set[str]) -> tuple[ParsedBatch, int]:
@@ -119,8 +124,39 @@ class MessagesSink:
     async def seal(self, generation: int) -> None:
         """The posting lists of every row loaded so far, in one ``INSERT ... SELECT``, and the
         view that fills them at every later insert (the hand-over's and the live
-        projector's), before the switch makes the table searchable."""
-        await self.store(generation).seal_postings()
+        projector's), before the switch makes the table searchable. Then the bulk of the
+        vectors: the old generation's carried over, and (with an embedder) the new
+        generation's vector index filled from them, so that the switch, under the gate,
+        carries only what came since (:mod:`~memstream.projections.messages.carry`).
+
+        Idempotent: a resumed replay's seal carries only what is missing; an index whose
+        fill was interrupted (its ``filling`` marker) is filled again, one already filled
+        gets the missing vectors only."""
+        target = self.store(generation)
+        await target.seal_postings()
+        if target.database == self.live.database:
+            return
+        started = time.perf_counter()
+        purged = await purge_erased(target)
+        model = self.live.embedder.model if self.live.embedder is not None else None
+        index = target.vector_index(model) if model is not None else None
+        if index is not None and not index.filling and await index.count():
+            # an earlier seal of this replay filled the index: the rest through it
+            carried = await carry_missing(target, self.live.database, model)
+            how = f"{carried} vectors carried since the last seal, into the index too"
+        else:
+            await carry_all(target, self.live.database)
+            how = "vectors carried"
+            if model is not None:  # dense search on: the index filled from them
+                await target.ensure_vectors(model)
+                how += ", the vector index filled" if index is not None else " (no vector index)"
+        log.warning(
+            "replay seal of %s: %s in %.1f s%s",
+            target.database,
+            how,
+            time.perf_counter() - started,
+            f" ({purged} erased threads purged)" if purged else "",
+        )
 
     async def apply(self, generation: int, events: Sequence[Envelope]) -> tuple[int, int]:
         rows: dict[tuple[str, str, str, int], MessageRow] = {}
@@ -155,12 +191,27 @@ class MessagesSink:
         return written, dups
 
     async def switch(self, generation: int) -> None:
-        new = database_of(self.base, generation)
-        if new != self.live.database:  # the dense side's vectors carry over: no re-embedding
-            await self.live.engine.command(carry_vectors_sql(self.live.database, new))
-        if self.live.embedder is not None:  # and fill the new generation's vector index
-            await self.store(generation).ensure_vectors(self.live.embedder.model)
-        self.live.database = new
+        """Under the gate: the vectors the old generation gained since the seal (the vector
+        loop's, the hand-over's messages'), carried into the new one and its vector index
+        (only those: the seal carried and indexed the bulk), threads erased meanwhile
+        purged from it; then the live store and the readers point at it."""
+        target = self.store(generation)
+        if target.database != self.live.database:
+            started = time.perf_counter()
+            purged = await purge_erased(target)
+            model = self.live.embedder.model if self.live.embedder is not None else None
+            carried = await carry_missing(target, self.live.database, model)
+            index = target.vector_index(model) if model is not None else None
+            if model is not None and index is not None and index.filling:
+                await target.ensure_vectors(model)  # a fill the seal left unfinished
+            log.warning(
+                "replay switch to %s: %d vectors carried since the seal in %.2f s%s",
+                target.database,
+                carried,
+                time.perf_counter() - started,
+                f" ({purged} erased threads purged)" if purged else "",
+            )
+        self.live.database = target.database
 
     async def drop(self, generation: int) -> None:
         db = database_of(self.base, generation)

@@ -270,18 +270,58 @@ LIMIT 1 BY account_id, agent_id, thread_id, `offset`
 LIMIT {{n:UInt32}}"""
 
 
+CARRY_KEY: Final = "account_id, agent_id, thread_id, `offset`"
+"""A message's key, as the carry's statements name it."""
+
+
 def carry_vectors_sql(old_database: str, new_database: str) -> str:
     """Copy into a rebuilt generation the vectors of the old one whose message is in the new
     generation with the same text (a replay rebuilds identical rows, so nothing needs to be
-    embedded again; erased or changed messages are left to the vector step)."""
+    embedded again; erased or changed messages are left to the vector step), but those the
+    new generation has already (a resumed replay's seal copies only the rest)."""
     old, new = check_database(old_database), check_database(new_database)
-    key = "account_id, agent_id, thread_id, `offset`"
+    key = CARRY_KEY
     return f"""INSERT INTO {new}.message_vectors ({key}, model, vec)
 SELECT {key}, model, vec FROM {old}.message_vectors
 WHERE ({key}) IN (
     SELECT {key} FROM {new}.messages AS n
     INNER JOIN {old}.messages AS o USING ({key})
-    WHERE n.content = o.content)"""
+    WHERE n.content = o.content)
+  AND ({key}, model) NOT IN (SELECT {key}, model FROM {new}.message_vectors)
+LIMIT 1 BY {key}, model"""
+
+
+def missing_vectors_sql(old_database: str, new_database: str) -> str:
+    """Rows account_id, agent_id, thread_id, offset, model of the old generation's vectors
+    the new one has not (yet): what :func:`carried_vectors_sql` may still carry. Reads keys
+    only (the vectors stay on disk)."""
+    old, new = check_database(old_database), check_database(new_database)
+    key = CARRY_KEY
+    return f"""SELECT DISTINCT {key}, model FROM {old}.message_vectors
+WHERE ({key}, model) NOT IN (SELECT {key}, model FROM {new}.message_vectors)"""
+
+
+def carried_vectors_sql(old_database: str, new_database: str) -> str:
+    """Rows account_id, agent_id, thread_id, offset, model, vec of the old generation's
+    vectors at the given keys whose message is in the new generation with the same text,
+    one per key and model (params: arrays a, g, t, o, m, the keys of
+    :func:`missing_vectors_sql`). The join reads the given keys' messages only."""
+    old, new = check_database(old_database), check_database(new_database)
+    key = CARRY_KEY
+    keys = "arrayZip({a:Array(String)}, {g:Array(String)}, {t:Array(String)}, {o:Array(UInt64)})"
+    with_model = (
+        "arrayZip({a:Array(String)}, {g:Array(String)}, {t:Array(String)}, "
+        "{o:Array(UInt64)}, {m:Array(String)})"
+    )
+    return f"""SELECT {key}, model, vec FROM {old}.message_vectors
+WHERE ({key}, model) IN {with_model}
+  AND ({key}) IN (
+    SELECT {key}
+    FROM (SELECT {key}, content FROM {new}.messages WHERE ({key}) IN {keys}) AS n
+    INNER JOIN (SELECT {key}, content FROM {old}.messages WHERE ({key}) IN {keys}) AS o
+    USING ({key})
+    WHERE n.content = o.content)
+LIMIT 1 BY {key}, model"""
 
 
 def thread_visible_sql(database: str) -> str:
@@ -365,6 +405,16 @@ def thread_keys_sql(database: str, threads: Sequence[tuple[str, str, str]]) -> s
         f"SELECT account_id, agent_id, thread_id, `offset`, count() FROM {db}.messages "
         f"WHERE (account_id, agent_id, thread_id) IN ({_thread_tuples(threads)}) "
         "GROUP BY account_id, agent_id, thread_id, `offset`"
+    )
+
+
+def threads_present_sql(database: str, threads: Sequence[tuple[str, str, str]]) -> str:
+    """Rows account_id, agent_id, thread_id of those of ``threads`` that have a stored
+    message (the primary key's prefix: no scan). Quoted like :func:`erase_threads_sql`."""
+    db = check_database(database)
+    return (
+        f"SELECT DISTINCT account_id, agent_id, thread_id FROM {db}.messages "
+        f"WHERE (account_id, agent_id, thread_id) IN ({_thread_tuples(threads)})"
     )
 
 
