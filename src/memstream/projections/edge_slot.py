@@ -48,6 +48,8 @@ from qdrant_edge import (
     EdgeVectorParams,
     HnswIndexConfig,
     Modifier,
+    ScalarQuantizationConfig,
+    ScalarType,
     UpdateOperation,
 )
 
@@ -64,8 +66,9 @@ Write = Callable[[EdgeShard], None]
 def shard_config(
     dimensions: int, tuning: IndexTuning, *, dense: str, sparse: str | None = None
 ) -> EdgeConfig:
-    """A shard's configuration: a named dense (cosine) vector, optionally a named sparse
-    one (BM25 with IDF), and the HNSW graph and indexing threshold of ``tuning``."""
+    """A shard's configuration: a named dense (cosine) vector (with an int8 copy when
+    ``tuning.quantization`` says so), optionally a named sparse one (BM25 with IDF), and the
+    HNSW graph and indexing threshold of ``tuning``."""
     optimizers = (
         EdgeOptimizersConfig(indexing_threshold=tuning.indexing_threshold_kb)
         if tuning.indexing_threshold_kb is not None
@@ -73,7 +76,17 @@ def shard_config(
     )
     return EdgeConfig(
         optimizers=optimizers,
-        vectors={dense: EdgeVectorParams(size=dimensions, distance=Distance.Cosine)},
+        vectors={
+            dense: EdgeVectorParams(
+                size=dimensions,
+                distance=Distance.Cosine,
+                quantization_config=(
+                    ScalarQuantizationConfig(ScalarType.Int8, quantile=0.99, always_ram=True)
+                    if tuning.quantization == "int8"
+                    else None
+                ),
+            )
+        },
         sparse_vectors=(
             {sparse: EdgeSparseVectorParams(modifier=Modifier.Idf)} if sparse is not None else None
         ),

@@ -8,7 +8,7 @@ bench can measure both in one run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,12 @@ class IndexTuning:
       rebuild. In KB of float32 vectors, like ``full_scan_kb``: the cost of a scan is its
       bytes, so the same budget covers 4x fewer 1,536-d entries than 384-d ones
       (``None``: never).
+    - ``quantization``: ``"int8"`` keeps a scalar-quantized (int8) copy of every dense
+      vector in RAM beside the float32 one (set when the shard is created); ``None``: none.
+    - ``oversampling``: with an int8 copy, a walk scores candidates on it and re-scores the
+      best ``limit x oversampling`` of them on the float32 vectors (``None``: walk on the
+      float32 vectors, the int8 copy unused). Read at query time. Exact scans always score
+      the float32 vectors.
     """
 
     m: int
@@ -57,6 +63,8 @@ class IndexTuning:
     indexing_threshold_kb: int | None = None
     acorn_max_selectivity: float | None = None
     exact_scan_kb: int | None = None
+    quantization: Literal["int8"] | None = None
+    oversampling: float | None = None
 
     def builds_graph(self, field: str) -> bool:
         return self.graph_fields is None or field in self.graph_fields
@@ -75,6 +83,8 @@ class IndexTuning:
             raise ValueError(f"invalid index tuning: hnsw_ef={self.hnsw_ef}")
         if self.exact_scan_kb is not None and self.exact_scan_kb < 0:
             raise ValueError(f"invalid index tuning: exact_scan_kb={self.exact_scan_kb}")
+        if self.oversampling is not None and self.oversampling < 1:
+            raise ValueError(f"invalid index tuning: oversampling={self.oversampling}")
 
 
 LEGACY: Final = IndexTuning(
