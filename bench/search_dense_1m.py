@@ -29,6 +29,9 @@ smoke test (an agent that small is scanned exactly: no HNSW walk). At 1M it take
    order rotating, so machine load hits every path alike):
 
    - ``search, dense via vector index``: ``store.search(spec)`` (the product path);
+   - ``search, dense via vector index, float32 walk``: the same with the walk on the
+     float32 vectors (the index's ``tuning.oversampling`` None: the int8 copy unused), the
+     walk before the int8 copy;
    - ``search, dense via ClickHouse``: ``search(spec)`` of a second store on the same
      engine, database and lexical index without ``vector_root`` (the SQL scan of
      ``message_vectors``: the "before"), on the first ``--clickhouse-queries`` queries only;
@@ -51,6 +54,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +79,7 @@ AGENT = "agent"
 PER_THREAD = 100
 STEP = 250_000
 INDEX = "search, dense via vector index"
+FLOAT_WALK = "search, dense via vector index, float32 walk"
 CLICKHOUSE = "search, dense via ClickHouse"
 BM25 = "BM25 only (lexical_search)"
 EMBED = "query embedding (model call)"
@@ -82,7 +87,7 @@ DENSE = "dense list alone (vector index)"
 
 Key = tuple[str, int]
 PARTS = {
-    "_nearest": "query embedding + dense list (k 50), beside BM25",
+    "_indexed_sides": "both sides up to the fusion (embedding, walk, BM25, similarities, others)",
     "lexical_search": "BM25 of the search (limit 50, explain)",
     "_hits_at": "dense-only candidates' text and BM25 (ClickHouse)",
 }
@@ -98,12 +103,12 @@ class TimedStore(MessageStore):
         if self.parts is not None:
             self.parts[part] = self.parts.get(part, 0.0) + (time.perf_counter() - started) * 1000
 
-    async def _nearest(self, *args: Any, **kwargs: Any) -> Any:
+    async def _indexed_sides(self, *args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
         try:
-            return await super()._nearest(*args, **kwargs)
+            return await super()._indexed_sides(*args, **kwargs)
         finally:
-            self._add("_nearest", t)
+            self._add("_indexed_sides", t)
 
     async def lexical_search(self, spec: SearchSpec) -> list[SearchHit]:
         t = time.perf_counter()
@@ -283,7 +288,18 @@ async def run(
     async def bm25(spec: SearchSpec) -> list[Key]:
         return [(h.thread_id, h.offset) for h in await store.lexical_search(spec)]
 
-    times: dict[str, list[float]] = {p: [] for p in (INDEX, CLICKHOUSE, BM25, EMBED, DENSE)}
+    times: dict[str, list[float]] = {
+        p: [] for p in (INDEX, FLOAT_WALK, CLICKHOUSE, BM25, EMBED, DENSE)
+    }
+    served = index.tuning
+
+    async def float_walk(spec: SearchSpec) -> list[Key]:
+        assert index is not None
+        index.tuning = replace(served, oversampling=None)  # the int8 copy unused
+        try:
+            return await hits(store, spec)
+        finally:
+            index.tuning = served
 
     async def embed_then_dense(spec: SearchSpec) -> list[Key]:
         t = time.perf_counter()
@@ -296,6 +312,7 @@ async def run(
 
     paths: dict[str, Callable[[SearchSpec], Awaitable[list[Key]]]] = {
         INDEX: product,
+        FLOAT_WALK: float_walk,
         CLICKHOUSE: lambda spec: hits(before, spec),
         BM25: bm25,
         EMBED: embed_then_dense,
@@ -310,7 +327,7 @@ async def run(
         times[path].clear()
     for part in PARTS:
         breakdown[part].clear()
-    same = overlap = compared = 0
+    same = overlap = compared = same_walks = 0
     load = [os.getloadavg()[0]]
     print(f"load average {load[0]:.1f} at the start of the queries", flush=True)
     for q, spec in enumerate(specs[args.warmup :]):
@@ -322,6 +339,7 @@ async def run(
             got[name] = await paths[name](spec)
             if name != EMBED:  # timed inside, in two parts
                 times[name].append((time.perf_counter() - t) * 1000)
+        same_walks += got[INDEX] == got[FLOAT_WALK]
         if CLICKHOUSE in got:
             compared += 1
             same += got[INDEX] == got[CLICKHOUSE]
@@ -353,12 +371,16 @@ async def run(
             f"{p99 / p99_ch:.3f} |"
         )
     print(
-        "inside the product path (p50 / p99 ms; the first two run concurrently, 0 when a "
-        "part did not run): "
+        "inside the product path (p50 / p99 ms; BM25 and the others' text run inside both "
+        "sides, 0 when a part did not run): "
         + "; ".join(
             f"{label} {ts.pct(breakdown[p], 50):.1f} / {ts.pct(breakdown[p], 99):.1f}"
             for p, label in PARTS.items()
         )
+    )
+    print(
+        f"the int8 and float32 walks gave the same ten hits in the same order for "
+        f"{same_walks} of {args.queries} queries"
     )
     if compared:
         print(

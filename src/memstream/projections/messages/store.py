@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -746,21 +746,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         wide = replace(spec, limit=max(spec.limit, DENSE_WINDOW), explain=True)
         index = self.vector_index(model)
         if index is not None and index.ready:
-            # the query's embedding and the dense list while BM25 runs; then, together, the
-            # similarity of BM25's candidates (a scan of at most DENSE_WINDOW points by id)
-            # and the BM25 of the dense list's others
-            (vector, hidden, nearest), lexical = await asyncio.gather(
-                self._nearest(spec, index), self.lexical_search(wide)
-            )
-            bm25_keys = [(h.thread_id, h.offset) for h in lexical]
-            keyed, others = await asyncio.gather(
-                index.nearest(
-                    self._dense_query(
-                        spec, vector, hidden, 0, [k for k in bm25_keys if k not in nearest]
-                    )
-                ),
-                self._others(spec, lexical, nearest),
-            )
+            nearest, keyed, lexical, others = await self._indexed_sides(spec, wide, index)
             dense = by_similarity({**nearest, **keyed})
         else:
             # the query vector is computed while ClickHouse runs BM25 (both off the loop)
@@ -816,20 +802,48 @@ LIMIT {INDEX_FILL_BATCH}""",
         # among equal scores
         return {k: got[k] for k in missing if k in got}
 
-    async def _nearest(
-        self, spec: SearchSpec, index: VectorIndex
-    ) -> tuple[list[float], list[str], dict[tuple[str, int], float]]:
-        """(query vector, hidden threads, the dense list from ``index``)."""
+    async def _indexed_sides(
+        self, spec: SearchSpec, wide: SearchSpec, index: VectorIndex
+    ) -> tuple[
+        dict[tuple[str, int], float],
+        dict[tuple[str, int], float],
+        list[SearchHit],
+        dict[tuple[str, int], SearchHit],
+    ]:
+        """Both sides with the dense list from ``index``: (the dense list, the similarity of
+        BM25's candidates, BM25's hits, the dense list's others with their BM25).
+
+        Each step starts as soon as what it needs is there: the query's embedding (with the
+        caller's hidden threads) beside BM25; the walk once the vector is there; the
+        similarity of BM25's candidates (an exact scan of at most DENSE_WINDOW points by
+        id) once both are, beside the walk; the others' BM25 once the walk is done."""
         assert self.embedder is not None
-        embedded, hidden = await asyncio.gather(
-            self.embedder.embed_query([spec.text]), self._hidden_thread_ids(spec)
+        embedding = asyncio.ensure_future(
+            asyncio.gather(self.embedder.embed_query([spec.text]), self._hidden_thread_ids(spec))
         )
-        vector = embedded[0]
-        return (
-            vector,
-            hidden,
-            await index.nearest(self._dense_query(spec, vector, hidden, DENSE_WINDOW)),
-        )
+        bm25 = asyncio.ensure_future(self.lexical_search(wide))
+        pending: list[asyncio.Future[Any]] = [embedding, bm25]
+        try:
+            embedded, hidden = await embedding
+            vector = embedded[0]
+            walk = asyncio.ensure_future(
+                index.nearest(self._dense_query(spec, vector, hidden, DENSE_WINDOW))
+            )
+            pending.append(walk)
+            lexical = await bm25
+            keys = [(h.thread_id, h.offset) for h in lexical]
+            similarities = asyncio.ensure_future(
+                index.nearest(self._dense_query(spec, vector, hidden, 0, keys))
+            )
+            pending.append(similarities)
+            nearest = await walk
+            others = await self._others(spec, lexical, nearest)
+            return nearest, await similarities, lexical, others
+        finally:
+            for f in pending:  # a step failed or the search was cancelled: none left running
+                if not f.done():
+                    f.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _hidden_thread_ids(self, spec: SearchSpec) -> list[str]:
         """The ids of the agent's threads the caller may not read."""
