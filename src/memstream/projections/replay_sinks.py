@@ -198,12 +198,19 @@ class MessagesSink:
         target = self.store(generation)
         if target.database != self.live.database:
             started = time.perf_counter()
+            erased = len(self.live.erased)  # before the look: a later one is seen below
             purged = await purge_erased(target)
             model = self.live.embedder.model if self.live.embedder is not None else None
             carried = await carry_missing(target, self.live.database, model)
             index = target.vector_index(model) if model is not None else None
             if model is not None and index is not None and index.filling:
                 await target.ensure_vectors(model)  # a fill the seal left unfinished
+            # a thread this process registered as erased meanwhile may have had its rows
+            # deleted from the old generation only: purged again, until the registry held
+            # still, and no await between that look and the move below
+            while len(self.live.erased) != erased:
+                erased = len(self.live.erased)
+                purged += await purge_erased(target)
             log.warning(
                 "replay switch to %s: %d vectors carried since the seal in %.2f s%s",
                 target.database,
