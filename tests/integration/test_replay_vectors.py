@@ -55,11 +55,19 @@ def conversation(thread: str = "conv") -> list[Message]:
 
 
 async def live_store(
-    engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None, msgs: list[Message]
+    engine: ChdbEngine,
+    embedder: CachingEmbedder,
+    vector_root: Path | None,
+    msgs: list[Message],
+    index_root: Path | None = None,
 ) -> MessageStore:
     """A live generation holding ``msgs``, every one with its vector."""
     live = MessageStore(
-        engine, f"t_{uuid.uuid4().hex[:12]}", embedder=embedder, vector_root=vector_root
+        engine,
+        f"t_{uuid.uuid4().hex[:12]}",
+        embedder=embedder,
+        vector_root=vector_root,
+        index_root=index_root,
     )
     await live.ensure_schema()
     await project(live, msgs)
@@ -188,12 +196,13 @@ async def test_a_seal_run_again_writes_nothing_twice(
 
 
 async def test_a_thread_erased_between_the_seal_and_the_switch_stays_erased(
-    chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None, tmp_path: Path
 ) -> None:
     """Erasure deletes from the current generation; the thread's rows and vectors copied
-    into the replay's target (by the load, by the seal's carry) go at the switch."""
+    into the replay's target (by the load, by the seal's carry) go at the switch, from its
+    lexical index too."""
     msgs = conversation("keep") + [m("gone", i, "user", text) for i, text in enumerate(LATE)]
-    live = await live_store(chdb_engine, embedder, vector_root, msgs)
+    live = await live_store(chdb_engine, embedder, vector_root, msgs, tmp_path / "tantivy")
     sink = MessagesSink(live, live.database)
     await loaded(sink, msgs)
     new = sink.store(2).database
@@ -264,3 +273,24 @@ async def test_a_thread_erased_while_the_switch_runs_stays_erased(
     assert await vector_rows(live, new) == (25, 25)
     if vector_root is not None:
         assert await points(live, embedder, new) == 25
+
+
+async def test_without_an_embedder_the_seal_carries_the_vectors_and_fills_no_index(
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None
+) -> None:
+    """Dense search off (no embedder): the vectors are still carried (a later start with it
+    on finds them), but no vector index is filled."""
+    bulk = conversation()
+    live = await live_store(chdb_engine, embedder, vector_root, bulk)
+    live.embedder = None
+    sink = MessagesSink(live, live.database)
+    await loaded(sink, bulk)
+    new = sink.store(2).database
+    await sink.seal(2)
+    assert await vector_rows(live, new) == (25, 25)
+    if vector_root is not None:
+        assert not (vector_root / new).exists()
+    await sink.switch(2)
+    assert await vector_rows(live, new) == (25, 25)
+    if vector_root is not None:
+        assert not (vector_root / new).exists()
