@@ -184,7 +184,9 @@ class BulkReplaySink(Protocol):
 
 class SealingSink(Protocol):
     """A sink that defers part of its rebuild until the bulk copy is done (``messages``:
-    the posting lists, filled in one statement rather than inside every insert)."""
+    the posting lists, filled in one statement rather than inside every insert; the old
+    generation's vectors carried over and the vector index filled, so the switch under the
+    gate has only what came since to carry)."""
 
     async def seal(self, generation: int) -> None:
         """Finish ``generation`` before the hand-over (idempotent; a resumed replay may call

@@ -129,9 +129,11 @@ class MessagesSink:
         generation's vector index filled from them, so that the switch, under the gate,
         carries only what came since (:mod:`~memstream.projections.messages.carry`).
 
-        Idempotent: a resumed replay's seal carries only what is missing; an index whose
-        fill was interrupted (its ``filling`` marker) is filled again, one already filled
-        gets the missing vectors only."""
+        Threads erased since the load copied them are erased from the target first
+        (:func:`~memstream.projections.messages.carry.purge_erased`: erasure deletes from
+        the current generation only). Idempotent: a resumed replay's seal carries only what
+        is missing; an index whose fill was interrupted (its ``filling`` marker) is filled
+        again, one already filled gets the missing vectors only."""
         target = self.store(generation)
         await target.seal_postings()
         if target.database == self.live.database:
