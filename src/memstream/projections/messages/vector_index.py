@@ -30,8 +30,9 @@ Guarantees:
   embeds and writes again, never a row without its point.
 - **Filled from the record.** A shard missing, interrupted while filling (a marker file),
   or holding fewer points than ``message_vectors`` has vectors of its model is filled from
-  ClickHouse at start (``MessageStore.ensure_schema``) and by a replay's switch; searches
-  scan ClickHouse meanwhile (:attr:`VectorIndex.ready`), never an incomplete shard.
+  ClickHouse at start (``MessageStore.ensure_schema``) and by a replay's seal (the switch
+  then adds only the vectors that came since, ``messages.carry``); searches scan ClickHouse
+  meanwhile (:attr:`VectorIndex.ready`), never an incomplete shard.
 - **Privacy in the query.** The account, agent, thread scope and the caller's hidden threads
   (other users' private threads, ``MessageStore._hidden_threads``) are filter conditions of
   the scan itself, never a post-filter of its results.
