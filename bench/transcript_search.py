@@ -93,7 +93,13 @@ def texts(n: int, vocab: np.ndarray, rng: np.random.Generator) -> list[str]:
     return [" ".join(row) for row in words.tolist()]
 
 
-def corpus_table(n: int, threads: int, vocab: np.ndarray, rng: np.random.Generator) -> pa.Table:
+def corpus_table(
+    n: int, threads: int, vocab: np.ndarray, rng: np.random.Generator, agents: int = 1
+) -> pa.Table:
+    """``n`` messages in ``threads`` threads of account ``acct``, every tenth thread private
+    to a user; threads go to agents by blocks of ten (each agent as private as the whole):
+    thread ``i`` belongs to agent ``agent`` when ``(i // 10) % agents == 0``, else to
+    ``agent<(i // 10) % agents>``."""
     per_thread = n // threads
     idx = np.arange(n)
     thread_no = idx // per_thread
@@ -108,7 +114,13 @@ def corpus_table(n: int, threads: int, vocab: np.ndarray, rng: np.random.Generat
     return pa.table(
         [
             pa.array(["acct"] * n),
-            pa.array(["agent"] * n),
+            pa.array(
+                np.where(
+                    (thread_no // 10) % agents == 0,
+                    "agent",
+                    np.char.add("agent", ((thread_no // 10) % agents).astype(str)),
+                )
+            ),
             pa.array(np.char.add("th", thread_no.astype(str))),
             pa.array(offset, pa.uint64()),
             pa.array(np.char.add("m", idx.astype(str))),
@@ -422,7 +434,12 @@ async def raw_lookup(store: MessageStore, spec: SearchSpec) -> int:
 
 
 async def load_corpus(
-    engine: ChdbEngine, n: int, threads: int, vocab: np.ndarray, rng: np.random.Generator
+    engine: ChdbEngine,
+    n: int,
+    threads: int,
+    vocab: np.ndarray,
+    rng: np.random.Generator,
+    agents: int = 1,
 ) -> MessageStore:
     """``bench_search`` with ``n`` messages: reused when the data dir already holds it (the
     1M corpus takes minutes to generate and project), else generated and loaded."""
@@ -441,7 +458,7 @@ async def load_corpus(
     await engine.command("DROP DATABASE IF EXISTS bench_search")
     await store.ensure_schema()
     started = time.perf_counter()
-    table = corpus_table(n, threads, vocab, rng)
+    table = corpus_table(n, threads, vocab, rng, agents)
     gen_s = time.perf_counter() - started
     started = time.perf_counter()
     step = 250_000
