@@ -269,7 +269,7 @@ async def run(
     build_s = time.perf_counter() - started
     info = index.info()
     print(
-        f"N = {n:,} messages in {threads:,} threads (one agent), {vectors:,} vectors; "
+        f"N = {n:,} messages in {threads:,} threads ({args.agents} agent(s)), {vectors:,} vectors; "
         f"corpus load {load_s:.1f} s, lexical index fill {lexical_s:.1f} s, vectors into "
         f"ClickHouse {insert_s:.1f} s, vector index fill {fill_s:.1f} s, graph build "
         f"(maintain(force=True)) {build_s:.1f} s: {info.segments_count} segment(s), "
