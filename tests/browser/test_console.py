@@ -11,6 +11,7 @@ Screenshots of every page go to ``$MEMSTREAM_TEST_ARTIFACTS/console`` (default
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 
 from memstream.schemas.topics import DEFAULT_PREFIX, Topics
@@ -125,7 +127,7 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     # --- overview: every processor, every part healthy ---------------------------------------
     for p in PROCESSORS:
         wait_until(
-            lambda p=p: d.find_elements(By.CSS_SELECTOR, f"tr[data-processor='{p}']"),
+            functools.partial(d.find_elements, By.CSS_SELECTOR, f"tr[data-processor='{p}']"),
             30,
             f"processor {p} on the overview",
         )
@@ -152,7 +154,8 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
             "fetch('/console/overview/lag.json').then(r => r.json()).then(done, () => done(null));"
         )
         assert isinstance(got, dict)
-        return got["series"]
+        series: dict[str, list[int | None]] = got["series"]
+        return series
 
     def peak_then_zero() -> bool:
         series = lag_series()
@@ -181,7 +184,7 @@ def test_console(system: tuple[str, dict[str, object]], browser: WebDriver) -> N
     asyncio.run(produce(str(state["kafka_bootstrap"]), topics.journal, [("acme/bot/x", bad)]))
     d.get(url + "/console/dlq")
 
-    def failing_rows() -> list[object]:
+    def failing_rows() -> list[WebElement]:
         d.get(url + "/console/dlq")
         return d.find_elements(By.CSS_SELECTOR, "tr[data-letter]")
 

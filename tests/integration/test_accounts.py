@@ -52,8 +52,10 @@ async def test_agents_and_threads(pg_pool: asyncpg.Pool) -> None:
     thread, created = await accounts.create_thread(
         ref, {"config": {"max_working_memory_messages": 5}}
     )
+    assert thread is not None
     assert created and thread.config.window() == 5
     again, created = await accounts.create_thread(ref, {})
+    assert again is not None
     assert not created and again.config.window() == 5
     assert await accounts.delete_thread(ref)
     assert not await accounts.delete_thread(ref)

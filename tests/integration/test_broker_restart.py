@@ -25,12 +25,17 @@ from memstream.schemas.records import ThreadRef
 from memstream.schemas.topics import JOURNAL, Topics
 from memstream.streams.journal_relay import JournalRelay
 from memstream.streams.processor import Processor, Received, RetryPolicy
-from memstream.streams.runner import Runner
+from memstream.streams.runner import ProcessorFactory, Runner
 from tests.kafka_helpers import append_load
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 THREADS = [ThreadRef("acct", "agent", f"r{i}") for i in range(8)]
+
+
+def factory(processor: Processor) -> ProcessorFactory:
+    """A factory the Runner may call any number of times: this one instance, every time."""
+    return lambda: processor
 
 
 class SeqRecorder(Processor):
@@ -87,7 +92,7 @@ async def test_a_broker_killed_mid_load_makes_no_processor_skip_records(
     recorders = {"small": SeqRecorder("small", 50), "big": SeqRecorder("big", 2000)}
     runner = Runner(
         settings,
-        {name: (lambda r=r: r) for name, r in recorders.items()},
+        {name: factory(r) for name, r in recorders.items()},
         make_metrics(),
         retry=RetryPolicy(attempts=3, first_delay=0.05),
         lag_interval_s=None,

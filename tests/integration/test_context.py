@@ -383,8 +383,8 @@ async def test_pinned_is_a_snapshot_taken_once(stack: ApiStack) -> None:
     agent = fresh()
     await store(stack, agent, "name", "is called Alice", 0.9)
     svc = stack.services
+    assert svc.memory is not None and svc.summary_store is not None
     real_memory, real_summaries = svc.memory, svc.summary_store
-    assert real_memory is not None and real_summaries is not None
     pinned_taken, release = asyncio.Event(), asyncio.Event()
 
     class ObservedMemory(MemoryService):

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.projections.memory_index.port import IndexPoint, SparseVec
+from memstream.schemas.records import JSONValue
 
 
 def point(i: int) -> IndexPoint:
     dense = [0.0] * 8
     dense[i % 8] = 1.0
-    payload: dict[str, object] = {"account_id": "a", "agent_id": "g", "version": 1}
+    payload: dict[str, JSONValue] = {"account_id": "a", "agent_id": "g", "version": 1}
     return IndexPoint(f"00000000-0000-0000-0000-{i:012d}", dense, SparseVec([i], [1.0]), payload, 1)
 
 

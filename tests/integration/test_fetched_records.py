@@ -5,6 +5,7 @@ process still gets aiokafka's records."""
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -61,8 +62,11 @@ async def test_fetched_records_are_what_raw_record_made_of_aiokafkas(
     plain = await read(kafka_bootstrap, topic, 4, raw=False)  # after install: untouched
     assert all(type(r) is ConsumerRecord for r in plain)
     assert all(type(r) is RawRecord for r in fetched)
-    assert fetched == [raw_record(r) for r in plain]  # type: ignore[arg-type]
-    by_value = {r.value: r for r in fetched}  # type: ignore[attr-defined]
+    # the element types, as the two assertions just above checked them
+    plain_records = cast(list[ConsumerRecord[bytes, bytes]], plain)
+    fetched_records = cast(list[RawRecord], fetched)
+    assert fetched_records == [raw_record(r) for r in plain_records]
+    by_value = {r.value: r for r in fetched_records}
     assert by_value[b"retried"].meta.retry_for == "counters"
     assert by_value[b""].meta.key == b"k2"
     assert by_value[b"plain"].meta.timestamp is not None

@@ -41,7 +41,7 @@ class Gate:
 
 def gated(j: Journal) -> Gate:
     gate = Gate(j._wdb)
-    j._wdb = gate  # type: ignore[assignment]
+    j._wdb = gate
     return gate
 
 

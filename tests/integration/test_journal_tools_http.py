@@ -4,6 +4,7 @@ projection is fed from the journal's messages, and the tool-call view reads the 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import orjson
 import pytest
@@ -29,7 +30,9 @@ def big_result(n_bytes: int, seed: int = 7) -> str:
     return "".join(out)
 
 
-async def append(stack: ApiStack, agent: str, thread: str, body: object, user: str | None = None):
+async def append(
+    stack: ApiStack, agent: str, thread: str, body: object, user: str | None = None
+) -> Any:
     r = await stack.client.post(
         f"/v1/agents/{agent}/threads/{thread}/messages", json=body, headers=stack.headers(user)
     )

@@ -18,6 +18,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, TextContent
 
 from memstream.agents_ctx.http.app import create_app
 from memstream.agents_ctx.mcp_server import TOOL_NAMES, local_mcp_server
@@ -52,10 +53,17 @@ async def gateway(
         yield client, agent
 
 
-def structured(result: Any) -> dict[str, Any]:
+def structured(result: CallToolResult) -> dict[str, Any]:
     assert not result.is_error, result
     out: dict[str, Any] = result.structured_content
     return out
+
+
+def first_text(result: CallToolResult) -> str:
+    """The text of the result's first content block (an error's message)."""
+    block = result.content[0]
+    assert isinstance(block, TextContent), block
+    return block.text
 
 
 async def test_exactly_the_three_memory_tools(memory: MemoryService) -> None:
@@ -159,7 +167,7 @@ async def refused_calls_name_the_field_and_write_nothing(
         },
     )
     # the memory rules' code and field, not a raw schema-validation message
-    assert bad.is_error and "invalid_request (field: importance)" in bad.content[0].text
+    assert bad.is_error and "invalid_request (field: importance)" in first_text(bad)
     inj = await client.call_tool(
         "memory_store",
         {
@@ -169,7 +177,7 @@ async def refused_calls_name_the_field_and_write_nothing(
             "scope": "shared",
         },
     )
-    assert inj.is_error and "prompt_injection (field: content)" in inj.content[0].text
+    assert inj.is_error and "prompt_injection (field: content)" in first_text(inj)
     pii = await client.call_tool(
         "memory_store",
         {
@@ -179,7 +187,7 @@ async def refused_calls_name_the_field_and_write_nothing(
             "scope": "shared",
         },
     )
-    assert pii.is_error and "private_requires_user" in pii.content[0].text
+    assert pii.is_error and "private_requires_user" in first_text(pii)
     assert await memory.list_visible(Caller("acme", agent, None)) == []
 
 
@@ -198,7 +206,7 @@ async def test_an_agent_without_memory_bound_gets_memory_not_bound(memory: Memor
         for tool, args in calls.items():
             out = await client.call_tool(tool, args)
             assert out.is_error, tool
-            assert "memory_not_bound (field: agent_id)" in out.content[0].text, tool
+            assert "memory_not_bound (field: agent_id)" in first_text(out), tool
         assert await memory.list_visible(Caller("acme", agent, "alice")) == []
 
 
@@ -230,8 +238,8 @@ async def test_the_api_serves_mcp_with_the_same_key_user_and_rules(api_stack: Ap
         ) as raw:
             ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
             for headers in ({}, {"Authorization": "Bearer msk_wrong"}):
-                r = await raw.post(f"/v1/agents/{agent}/mcp", json=ping, headers=headers)
-                assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+                resp = await raw.post(f"/v1/agents/{agent}/mcp", json=ping, headers=headers)
+                assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthorized"
         async with http_session(app, api_stack.key, agent) as anon:
             await check_tools(anon)
             await store_recall_forget_through_a_session(anon, agent, memory)
@@ -264,7 +272,7 @@ async def test_the_api_serves_mcp_with_the_same_key_user_and_rules(api_stack: Ap
             )
             assert len(many["results"]) == 20  # lowered to 20, as on HTTP
             bad = await alice.call_tool("memory_recall", {"query": "x", "limit": "lots"})
-            assert bad.is_error and "invalid_request (field: limit)" in bad.content[0].text
+            assert bad.is_error and "invalid_request (field: limit)" in first_text(bad)
         async with http_session(app, api_stack.key, agent, "bob") as bob:
             found = structured(await bob.call_tool("memory_recall", {"query": "vegetarian"}))
             assert "diet" not in [e["key"] for e in found["results"]]
@@ -277,7 +285,7 @@ async def test_the_api_serves_mcp_with_the_same_key_user_and_rules(api_stack: Ap
         await svc.accounts.configure_agent("acme", agent, memory=False)
         async with http_session(app, api_stack.key, agent, "alice") as alice:
             out = await alice.call_tool("memory_recall", {"query": "vegetarian"})
-            assert out.is_error and "memory_not_bound (field: agent_id)" in out.content[0].text
+            assert out.is_error and "memory_not_bound (field: agent_id)" in first_text(out)
     finally:
         await app.state.mcp.close()
         svc.memory = saved

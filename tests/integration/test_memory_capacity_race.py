@@ -12,11 +12,13 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import orjson
 import pytest_asyncio
 
+from memstream.agents_ctx.memory.entries import ImportReport
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import FixedClock
 from memstream.errors import CapacityExceeded
@@ -100,7 +102,9 @@ async def test_two_categories_filled_at_once_each_stop_at_their_own_limit(
     async def one(category: str, i: int) -> tuple[str, str]:
         await start.wait()
         try:
-            status = (await svc.store(c, f"{category}{i}", f"fact {i}", category, "private")).status
+            status: str = (
+                await svc.store(c, f"{category}{i}", f"fact {i}", category, "private")
+            ).status
         except CapacityExceeded:
             status = "refused"
         return category, status
@@ -170,7 +174,8 @@ async def test_stores_racing_an_import_of_the_same_agent_keep_capacity_and_finis
         asyncio.gather(svc.entries.import_lines(c, lines()), *(store(i) for i in range(15))),
         timeout=60,
     )
-    failures = [f["error"] for f in report.failed]  # type: ignore[index]
+    assert isinstance(report, ImportReport)
+    failures: list[Any] = [f["error"] for f in report.failed]  # each an error's to_dict()
     assert all(e["code"] == "capacity_exceeded" for e in failures), failures
     assert report.created + statuses.count("created") == 10  # 30 slots, 20 taken before
     n, _ = await rows_and_events(wide_pool, c)

@@ -46,7 +46,7 @@ def memory(api: ApiStack) -> MemoryService:
     return api.services.memory
 
 
-async def walk(api: ApiStack, agent: str, headers: dict[str, str], **params: object) -> list[str]:
+async def walk(api: ApiStack, agent: str, headers: dict[str, str], **params: str) -> list[str]:
     keys: list[str] = []
     cursor = None
     while True:

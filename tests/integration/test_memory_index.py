@@ -18,7 +18,7 @@ from memstream.projections.memory_index import MemoryIndex, op_for_event, point_
 from memstream.projections.memory_index.client import QdrantClientIndex
 from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.projections.memory_index.layout import identity_of
-from memstream.projections.memory_index.rules import Delete, Upsert
+from memstream.projections.memory_index.rules import Delete, IndexOp, Upsert
 from memstream.schemas.events import memory_event
 from memstream.schemas.records import MemoryEntry
 
@@ -223,7 +223,7 @@ async def test_replay_is_idempotent(index: MemoryIndex) -> None:
 async def test_forget_then_store_again_follows_event_order(index: MemoryIndex) -> None:
     acct = account()
     e = entry(acct, "car", "User drives an electric car.")
-    ops = [
+    ops: list[IndexOp] = [
         Upsert(e),
         Delete(identity_of(e), 1),
         Upsert(entry(acct, "car", "User sold their car and cycles now.")),

@@ -179,7 +179,9 @@ async def test_poison_record_is_dead_lettered_and_projection_continues(pipeline:
     acct = f"a{uuid.uuid4().hex[:8]}"
     after = entry(acct, "after", "Written after a poison record.", 1)
     bad_entry = memory_event("memory.stored", entry(acct, "bad", "x", 1), ts=1)
-    bad_entry.data["entry"]["category"] = "gossip"  # type: ignore[index]
+    raw_entry = bad_entry.data["entry"]
+    assert isinstance(raw_entry, dict)
+    raw_entry["category"] = "gossip"
     key = memory_key(acct, AGENT)
     await produce(
         pipeline.bootstrap,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -44,6 +46,11 @@ async def read_topic(
     return out
 
 
+def entry(env: Envelope) -> Any:
+    """The ``entry`` object a ``memory.*`` event carries: JSON, navigated by the test."""
+    return env.data["entry"]
+
+
 @pytest.fixture
 async def topics(kafka_bootstrap: str, unique_topics: Topics) -> Topics:
     await ensure_topics(kafka_bootstrap, unique_topics, 2, 1)
@@ -51,7 +58,7 @@ async def topics(kafka_bootstrap: str, unique_topics: Topics) -> Topics:
 
 
 @pytest.fixture
-async def bus(kafka_bootstrap: str):  # type: ignore[no-untyped-def]
+async def bus(kafka_bootstrap: str) -> AsyncIterator[Bus]:
     b = Bus(kafka_bootstrap)
     await b.start()
     yield b
@@ -97,7 +104,7 @@ async def test_drain_publishes_in_order_keyed_by_agent_and_marks_rows(
     got = await read_topic(kafka_bootstrap, topics.memory, 3)
     assert [k for k, _ in got] == [f"acc/{c.agent_id}"] * 3
     assert [e.type for _, e in got] == ["memory.stored", "memory.replaced", "memory.forgotten"]
-    versions = [e.data["entry"]["version"] for _, e in got]  # type: ignore[index]
+    versions = [entry(e)["version"] for _, e in got]
     assert versions == sorted(versions)
     assert await relay.drain() == 0  # marked: not published twice
 
@@ -121,7 +128,7 @@ async def test_rows_wait_while_kafka_is_unavailable(
         await up.stop()
     assert await pending(pg_pool) == 0
     got = await read_topic(kafka_bootstrap, topics.memory, 100, timeout=5)
-    assert any(e.data["entry"]["key"] == "k1" for _, e in got)  # type: ignore[index]
+    assert any(entry(e)["key"] == "k1" for _, e in got)
 
 
 async def test_run_wakes_on_notify(
@@ -193,5 +200,5 @@ async def test_rows_kept_by_the_outbox_go_out_again_when_the_broker_lost_its_log
     assert await relay.republish_if_lost() >= 2
     assert await relay.drain() >= 2
     got = await read_topic(kafka_bootstrap, topics.memory, 1000, timeout=5)
-    mine = [e.data["entry"]["key"] for _, e in got if e.agent_id == c.agent_id]  # type: ignore[index]
+    mine = [entry(e)["key"] for _, e in got if e.agent_id == c.agent_id]
     assert sorted(mine) == ["k1", "k1", "k2", "k2"]  # once from each broker's point of view

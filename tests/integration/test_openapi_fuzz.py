@@ -34,6 +34,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -204,6 +205,7 @@ def _fuzz(url: str, callers: dict[str, dict[str, str]], admin_token: str) -> dic
     failures: dict[str, list[str]] = {}
     operations = 0
     for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result  # an operation the schema could not describe
         op = result.ok()
         operations += 1
         mine = dict(callers)

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -36,7 +37,7 @@ KEY = "readiness-key-1"
 
 async def wait_health(
     c: httpx.AsyncClient, *, status: int, timeout: float, part: str | None = None
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Poll ``/healthz`` until it answers ``status`` (and, for 503, names ``part``)."""
     deadline = time.monotonic() + timeout
     last: object = None
@@ -44,8 +45,8 @@ async def wait_health(
         r = await c.get("/healthz")
         last = (r.status_code, r.text)
         if r.status_code == status:
-            body: dict[str, object] = r.json()
-            if part is None or part in body["failing"]:  # type: ignore[operator]
+            body: dict[str, Any] = r.json()
+            if part is None or part in body["failing"]:
                 return body
         await asyncio.sleep(0.05)
     raise AssertionError(f"/healthz never answered {status} (part {part}); last: {last}")
@@ -75,7 +76,7 @@ def test_a_dead_child_server_fails_readiness_then_is_restarted(traversable_tmp: 
 
 async def scenario(root: Path) -> None:
     settings = Settings(
-        data_dir=root / "ready-data",  # type: ignore[arg-type]
+        data_dir=root / "ready-data",
         port=0,
         api_keys=f"acme:{KEY}",
         server_restart_max_backoff_s=2.0,
@@ -90,7 +91,7 @@ async def scenario(root: Path) -> None:
             body = await wait_health(c, status=200, timeout=60)
             assert body["failing"] == [] and body["status"] == "ready"
             assert {"journal", "postgres", "redis", "kafka", "clickhouse", "qdrant"} <= set(
-                body["parts"]  # type: ignore[arg-type]
+                body["parts"]
             )
             assert (await c.get("/livez")).status_code == 200
             await round_trip(c, "before any fault")
@@ -102,7 +103,7 @@ async def scenario(root: Path) -> None:
                 assert pid is not None
                 os.kill(pid, signal.SIGKILL)  # a crash, not a stop
                 down = await wait_health(c, status=503, timeout=30, part=part)
-                assert part in down["errors"], down  # type: ignore[operator]
+                assert part in down["errors"], down
                 assert (await c.get("/livez")).status_code == 200  # alive, not ready
                 assert await keeper.wait_restarted(keeper.state.restarts + 1, timeout=120), (
                     keeper.state
@@ -110,7 +111,7 @@ async def scenario(root: Path) -> None:
                 assert server.port == port and server.pid != pid  # same address, new process
                 up = await wait_health(c, status=200, timeout=90)
                 servers = up["servers"]
-                assert servers[name]["restarts"] == 1, servers  # type: ignore[index]
+                assert servers[name]["restarts"] == 1, servers
                 await round_trip(c, f"after the {name} restart")
 
             # a second writer fences this one: appends fail and readiness says why
@@ -121,7 +122,7 @@ async def scenario(root: Path) -> None:
                 )
                 assert r.status_code == 503, r.text
                 fenced = await wait_health(c, status=503, timeout=10, part="journal")
-                assert "fenced" in fenced["errors"]["journal"]  # type: ignore[index]
+                assert "fenced" in fenced["errors"]["journal"]
             finally:
                 await other.close()
     finally:

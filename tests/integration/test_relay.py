@@ -68,7 +68,9 @@ def check_topic(
                 assert first_value[env.id] == value, "a redelivery must be byte-identical"
                 continue
             first_value[env.id] = value
-            per_thread[key.decode()].append(int(env.data["offset"]))  # type: ignore[call-overload]
+            offset = env.data["offset"]
+            assert isinstance(offset, int)
+            per_thread[key.decode()].append(offset)
     assert len(seen) == expected, "every appended message is on the topic"
     for thread, offsets in per_thread.items():
         assert offsets == list(range(len(offsets))), f"{thread} out of order: {offsets}"

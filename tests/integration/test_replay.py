@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import asyncpg
 import pytest
@@ -429,7 +430,8 @@ async def test_counters_replay_rebuilds_counts_once_per_message(system: System) 
     assert report.type == "report"
     assert report.duplicates_skipped >= 4
     for ref in refs:
-        got = await system.redis.hgetall(redis_keys.counters(ref))
+        # bytes: the client has no decode_responses (redis-py types both cases as one)
+        got = cast(dict[bytes, bytes], await system.redis.hgetall(redis_keys.counters(ref)))
         # the count mark came with the rebuilt counters: offsets 0..4 counted, no gap
         assert {k.decode(): int(v) for k, v in got.items()} == {
             "tokens": 50,

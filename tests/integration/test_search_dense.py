@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -69,12 +69,27 @@ def dense_store(
     )
 
 
-async def _conversation(store: MessageStore, thread: str = "conv", **kw: object) -> None:
+async def _conversation(
+    store: MessageStore,
+    thread: str = "conv",
+    *,
+    account: str = "acc",
+    agent: str = "ag",
+    user: str | None = None,
+) -> None:
     msgs = [
-        m(thread, i, "user" if i % 2 == 0 else "assistant", FILLER[i % len(FILLER)], **kw)
+        m(
+            thread,
+            i,
+            "user" if i % 2 == 0 else "assistant",
+            FILLER[i % len(FILLER)],
+            account=account,
+            agent=agent,
+            user=user,
+        )
         for i in range(24)
     ]
-    msgs.append(m(thread, 24, "user", EVIDENCE, **kw))
+    msgs.append(m(thread, 24, "user", EVIDENCE, account=account, agent=agent, user=user))
     await project(store, msgs)
 
 
@@ -180,7 +195,8 @@ async def test_explain_shows_the_dense_part(
         store=dense_store,
         summarizer=ExtractiveSummaryModel(),
     )
-    top = res.to_dict()["results"][0]  # type: ignore[index]
+    body: Any = res.to_dict()  # JSON, navigated by the test
+    top = body["results"][0]
     assert top["offset"] == 24
     fusion = top["explain"]["fusion"]
     assert fusion["model"] == embedder.model

@@ -250,15 +250,13 @@ async def test_a_replay_writes_its_target_index_and_drops_the_old_one(
 def test_the_index_is_chosen_by_the_settings(tmp_path: Path) -> None:
     """``auto``: the index with embedded chdb; a ClickHouse server or ``clickhouse``: the
     posting lists; ``tantivy`` with a server is refused, naming the setting."""
-    s = Settings(data_dir=str(tmp_path))
+    s = Settings(data_dir=tmp_path)
     assert index_root(s) == s.resolved_data_dir() / "tantivy"
-    assert index_root(Settings(data_dir=str(tmp_path), transcript_index="clickhouse")) is None
-    assert index_root(Settings(data_dir=str(tmp_path), clickhouse_url="http://ch:8123")) is None
+    assert index_root(Settings(data_dir=tmp_path, transcript_index="clickhouse")) is None
+    assert index_root(Settings(data_dir=tmp_path, clickhouse_url="http://ch:8123")) is None
     with pytest.raises(InvalidRequest) as e:
         index_root(
-            Settings(
-                data_dir=str(tmp_path), clickhouse_url="http://ch:8123", transcript_index="tantivy"
-            )
+            Settings(data_dir=tmp_path, clickhouse_url="http://ch:8123", transcript_index="tantivy")
         )
     assert e.value.field == "transcript_index"
 
@@ -274,7 +272,7 @@ async def test_a_failed_insert_leaves_nothing_in_the_index(
     async def failing(database: str, table: str, data: object) -> int:
         if table == "messages":
             raise RetryableInfraError("chdb: the insert failed")
-        return await real(database, table, data)  # type: ignore[arg-type]
+        return await real(database, table, data)
 
     monkeypatch.setattr(indexed_store.engine, "insert_arrow", failing)  # the session's engine
     with pytest.raises(RetryableInfraError):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 
 from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
+from memstream.projections.messages.engine import Row
 from memstream.projections.messages.fusion import idf
 from memstream.projections.messages.postings import (
     POSTINGS_TABLE,
@@ -24,7 +26,7 @@ from memstream.projections.messages.postings import (
     term_stats_sql,
 )
 from memstream.projections.messages.ranking import TermStats, impact_bound, plan, rarest_first
-from memstream.projections.messages.sql import SearchSpec, query_words
+from memstream.projections.messages.sql import SearchSpec, SqlParam, query_words
 from memstream.projections.messages.text_table import TEXT_TABLE
 from memstream.schemas.records import Caller
 from tests.integration.test_transcript_search import m, project, search
@@ -105,11 +107,11 @@ async def test_two_word_searches_read_no_term_statistics(message_store: MessageS
     statements: list[str] = []
     rows = message_store.engine.rows
 
-    async def counted(sql: str, params: dict) -> list:  # type: ignore[type-arg]
+    async def counted(sql: str, params: Mapping[str, SqlParam]) -> list[Row]:
         statements.append(sql)
         return await rows(sql, params)
 
-    message_store.engine.rows = counted  # type: ignore[method-assign]
+    message_store.engine.rows = counted  # type: ignore[method-assign]  # counts the statements
     await message_store.collection_stats("acc", "ag")
     for q in range(12):
         n_words = 1 + q % 3

@@ -35,7 +35,7 @@ async def test_routes_answer_503_json_with_retry_after_while_postgres_is_down(
         key = await accounts.create_key("acme")
         await accounts.configure_agent("acme", "bot", memory=True)
         services = Services(
-            settings=Settings(data_dir=tmp_path),  # type: ignore[arg-type]
+            settings=Settings(data_dir=tmp_path),
             accounts=accounts,
             journal=journal,
             clock=FixedClock(),

@@ -20,15 +20,21 @@ from memstream.infra.kafka.admin import ensure_topics
 from memstream.infra.metrics import Metrics, make_metrics
 from memstream.infra.settings import Settings
 from memstream.schemas.events import Envelope, encode, thread_event
+from memstream.schemas.records import JSONValue
 from memstream.schemas.topics import JOURNAL, Topics
 from memstream.streams.consumer import commit_stamp, group_id
-from memstream.streams.dlq import list_dead_letters, retry_dead_letters
-from memstream.streams.lag import consumer_lag, max_lag, processor_groups
+from memstream.streams.dlq import DeadLetter, list_dead_letters, retry_dead_letters
+from memstream.streams.lag import LagRow, consumer_lag, max_lag, processor_groups
 from memstream.streams.processor import EventMeta, Processor, Received, RetryPolicy
-from memstream.streams.runner import Runner
+from memstream.streams.runner import ProcessorFactory, Runner
 from tests.kafka_helpers import produce
 
 PARTITIONS = 2
+
+
+def factory(processor: Processor) -> ProcessorFactory:
+    """A factory the Runner may call any number of times: this one instance, every time."""
+    return lambda: processor
 
 
 class Recorder(Processor):
@@ -80,7 +86,7 @@ class Pipeline:
         return p
 
 
-def event(thread: str, **data: object) -> Envelope:
+def event(thread: str, **data: JSONValue) -> Envelope:
     return thread_event(
         "thread.created", "acct", "agent", thread, ts=1, data=dict(data), event_id=uuid.uuid4().hex
     )
@@ -109,7 +115,7 @@ async def pipeline(
     recorders = {"a": Recorder("a"), "b": Recorder("b"), "batch": Recorder("batch", batch_max=10)}
     runner = Runner(
         settings,
-        {name: (lambda r=r: r) for name, r in recorders.items()},
+        {name: factory(r) for name, r in recorders.items()},
         metrics,
         retry=RetryPolicy(attempts=3, first_delay=0.01),
         lag_interval_s=None,
@@ -193,7 +199,7 @@ async def test_retry_for_one_processor_is_applied_by_that_processor_only(
     )
     a, b = pipeline.proc("a"), pipeline.proc("b")
     await eventually(lambda: nxt.id in a.seen and nxt.id in b.seen)
-    letters: list = []
+    letters: list[DeadLetter] = []
     async with asyncio.timeout(20):
         while len({d.processor for d in letters}) < 2:
             letters = [
@@ -225,7 +231,7 @@ async def test_handler_crash_goes_to_dlq_and_retry_republishes(pipeline: Pipelin
     await eventually(lambda: nxt.id in a.seen and nxt.id in b.seen)
     assert crash.id not in a.seen
 
-    letters: list = []
+    letters: list[DeadLetter] = []
     async with asyncio.timeout(20):
         while len(letters) < 2:
             letters = [
@@ -272,7 +278,7 @@ async def test_a_failing_batch_dead_letters_only_the_bad_record(pipeline: Pipeli
     p = pipeline.proc("batch")
     await eventually(lambda: {e.id for e in good} <= set(p.seen))
     assert bad.id not in p.seen
-    letters: list = []
+    letters: list[DeadLetter] = []
     async with asyncio.timeout(20):
         while not letters:
             letters = [
@@ -295,7 +301,7 @@ async def test_runner_group_lag_reaches_zero_with_true_end_offsets(pipeline: Pip
     a = pipeline.proc("a")
     await eventually(lambda: {e.id for e in events} <= set(a.seen))
     groups = processor_groups(pipeline.runner.settings, {"a": JOURNAL})
-    rows = []
+    rows: list[LagRow] = []
     async with asyncio.timeout(20):
         while not rows or max_lag(rows) > 0:
             await asyncio.sleep(0.3)

@@ -406,7 +406,7 @@ class _DiesWith:
 
 
 class _Hangs(ExtractiveSummaryModel):
-    async def summarize(self, *args: object, **kw: object) -> str:  # type: ignore[override]
+    async def summarize(self, *args: object, **kw: object) -> str:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
@@ -428,11 +428,11 @@ async def test_a_summarizer_killed_mid_summary_holds_the_thread_for_its_lease_on
     dying = _DiesWith(state)
     a = SummarizerProcessor(
         journal,
-        dying,
+        dying,  # type: ignore[arg-type]  # a stand-in: the rest of ThreadState by delegation
         store,
         _Hangs(),
         token_budget=200,
-        clock=FixedClock(),  # type: ignore[arg-type]
+        clock=FixedClock(),
         lock_ttl_s=120.0,
         lock_lease_s=1.0,
     )

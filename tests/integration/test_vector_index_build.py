@@ -94,7 +94,8 @@ async def test_a_failed_build_leaves_the_shard_in_use_as_it_was(
     async def dies(*args: Any, **kw: Any) -> Any:
         return await real(args[0], "-c", "import sys; sys.exit(3)", **kw)
 
-    monkeypatch.setattr(edge_slot.asyncio, "create_subprocess_exec", dies)
+    # edge_slot calls it as asyncio.create_subprocess_exec: patch the asyncio module's
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", dies)
     with pytest.raises(RuntimeError, match="failed"):
         await index.build()
     assert (tmp_path / "ix" / CURRENT).read_text() == "g1"
@@ -102,7 +103,7 @@ async def test_a_failed_build_leaves_the_shard_in_use_as_it_was(
     assert not index.slot.building  # writes are no longer kept aside
     await index.upsert(rows(1, 5, seed=4, prefix="after"))
     assert await index.count() == 105
-    monkeypatch.setattr(edge_slot.asyncio, "create_subprocess_exec", real)
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", real)
     assert await index.build()
     assert await index.count() == 105 and index.info().indexed_vectors_count == 105
     await index.close()

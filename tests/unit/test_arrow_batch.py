@@ -232,6 +232,7 @@ def records(draw: st.DrawFn) -> bytes:
     env: dict[str, Any] = orjson.loads(enc(m))
     if draw(st.integers(0, 3)) == 0:  # a thread event now and then
         env = orjson.loads(encode(thread_event("thread.created", "acc", "ag", thread, ts=1)))
+    fields: tuple[str, ...]
     for _ in range(max(0, draw(st.integers(-5, 2)))):  # mutations, in one record of three
         if draw(st.booleans()):
             target, fields = env["data"] if isinstance(env.get("data"), dict) else env, _data_fields

@@ -44,7 +44,7 @@ def test_history_series_rates_and_window() -> None:
     h.add(1002.0, _rows(300, 150))  # each partition grew by 200 in 2 s
     series = h.series()
     assert series["ts"] == [1000.0, 1002.0]
-    assert series["series"] == {  # type: ignore[comparison-overlap]
+    assert series["series"] == {
         "counters p0": [0, 150],
         "counters p1": [0, 150],
         "message-projector p0": [0, 150],

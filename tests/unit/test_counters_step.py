@@ -13,12 +13,12 @@ from memstream.infra import redis_keys
 from memstream.infra.thread_state import COUNTERS
 from memstream.schemas.count_header import COUNT_HEADER, count_header, read_count_header
 from memstream.schemas.events import DecodeError, Envelope, decode, encode, message_appended
-from memstream.schemas.records import Message, ThreadRef
+from memstream.schemas.records import JSONObject, JSONValue, Message, ThreadRef
 from memstream.streams.counters import read_step, record_step, to_count
 from memstream.streams.processor import EventMeta, RawRecord
 
 
-def appended(**overrides: object) -> Envelope:
+def appended(**overrides: JSONValue) -> Envelope:
     msg = Message(
         account_id="acc",
         agent_id="agent",
@@ -50,7 +50,7 @@ def test_a_message_counts_for_its_thread_at_its_offset_with_its_tokens() -> None
         ({"token_count": True}, "data.token_count"),
     ],
 )
-def test_a_malformed_message_names_the_field(overrides: dict[str, object], field: str) -> None:
+def test_a_malformed_message_names_the_field(overrides: JSONObject, field: str) -> None:
     with pytest.raises(InvalidRequest) as e:
         to_count(appended(**overrides))
     assert e.value.field == field
@@ -66,7 +66,7 @@ def test_the_batch_script_builds_the_same_keys_as_redis_keys() -> None:
 
 
 def raw(env: Envelope, **top: object) -> bytes:
-    d = env.to_dict()
+    d: dict[str, object] = dict(env.to_dict())
     d.update(top)
     return orjson.dumps({k: v for k, v in d.items() if v is not DROP})
 
@@ -120,7 +120,7 @@ def record(value: bytes, headers: tuple[tuple[str, bytes], ...] = ()) -> RawReco
         {"account_id": "é\u2028\x00", "offset": 2**40},
     ],
 )
-def test_the_count_header_reads_what_the_envelope_says(overrides: dict[str, object]) -> None:
+def test_the_count_header_reads_what_the_envelope_says(overrides: JSONObject) -> None:
     env = appended(**overrides)
     raw = encode(env)
     header = count_header(env)

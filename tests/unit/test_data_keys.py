@@ -22,10 +22,17 @@ from memstream.infra.data_keys import (
     thread_scope,
     user_scope,
 )
-from memstream.schemas.events import dead_letter, encode, message_appended
+from memstream.schemas.events import Envelope, dead_letter, encode, message_appended
 from memstream.schemas.records import Message
-from memstream.streams.dlq import _parse
+from memstream.streams.dlq import DeadLetter, _parse
 from memstream.streams.journal_relay import plan_batch
+
+
+def parsed(letter: Envelope) -> DeadLetter:
+    """The dead letter as ``dlq`` reads it back off the topic."""
+    out = _parse(encode(letter), 0, 0)
+    assert out is not None
+    return out
 
 
 def test_seal_open_round_trip_hides_the_plaintext() -> None:
@@ -75,14 +82,11 @@ def test_a_sealed_dead_letter_keeps_the_bytes_lossless_and_retry_restores_them()
     )
     assert letter.data["payload_encoding"] == "base64" and letter.data["lossless"] is True
     assert base64.b64decode(str(letter.data["payload"])) == sealed
-    assert _parse(encode(letter), 0, 0).payload_bytes() == sealed  # what `dlq retry` sends
+    assert parsed(letter).payload_bytes() == sealed  # what `dlq retry` sends
     plain = dead_letter(
         raw=b'{"a":1}', error="e", processor="p", topic="t", partition=0, offset=1, key=None, ts=1
     )
-    assert (
-        "payload_encoding" not in plain.data
-        and _parse(encode(plain), 0, 0).payload_bytes() == b'{"a":1}'
-    )
+    assert "payload_encoding" not in plain.data and parsed(plain).payload_bytes() == b'{"a":1}'
 
 
 def test_sealing_relay_quarantines_without_content() -> None:

@@ -81,7 +81,9 @@ def test_unreadable_memory_event_raises_naming_the_field() -> None:
         ops_of_batch([bad])
     assert e.value.field == "data.entry"
     bad2 = memory_event("memory.stored", entry(), ts=1)
-    bad2.data["entry"]["category"] = "gossip"  # type: ignore[index]
+    raw_entry = bad2.data["entry"]
+    assert isinstance(raw_entry, dict)
+    raw_entry["category"] = "gossip"
     with pytest.raises(InvalidRequest) as e2:
         op_for_event(bad2)
     assert e2.value.field == "category"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from memstream.projections.positions import Watermarks
-from memstream.schemas.events import Envelope
+from memstream.schemas.events import Envelope, EventType
 from memstream.streams.gate import record_memory
 from memstream.streams.processor import EventMeta, Received
 
 
-def _event(typ: str, version: int) -> Received:
+def _event(typ: EventType, version: int) -> Received:
     env = Envelope(typ, f"{typ}@{version}", 1, "a", "g", None, {"entry": {"version": version}})
     return Received(env, EventMeta("memory", 0, version, None))
 

@@ -12,11 +12,18 @@ from hypothesis import strategies as st
 
 from memstream.errors import InvalidRequest
 from memstream.schemas import events
-from memstream.schemas.events import DecodeError, Envelope, decode, encode
+from memstream.schemas.events import DecodeError, Envelope, EventType, decode, encode
 from memstream.schemas.limits import WINDOW_MESSAGES
-from memstream.schemas.records import MemoryEntry, Message, Summary, ThreadConfig, ToolCall
+from memstream.schemas.records import (
+    JSONObject,
+    MemoryEntry,
+    Message,
+    Summary,
+    ThreadConfig,
+    ToolCall,
+)
 
-ids = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)
+ids = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=20)
 json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=30)
 json_values = st.recursive(
     json_scalars,
@@ -40,11 +47,17 @@ times = st.datetimes(
     data=st.dictionaries(st.text(max_size=8), json_values, max_size=5),
 )
 def test_envelope_round_trip(
-    typ: str, eid: str, ts: int, account: str, agent: str, thread: str | None, data: dict
+    typ: EventType,
+    eid: str,
+    ts: int,
+    account: str,
+    agent: str,
+    thread: str | None,
+    data: JSONObject,
 ) -> None:
     env = Envelope(
         type=typ, id=eid, ts=ts, account_id=account, agent_id=agent, thread_id=thread, data=data
-    )  # type: ignore[arg-type]
+    )
     assert decode(encode(env)) == env
 
 

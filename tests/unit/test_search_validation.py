@@ -30,7 +30,7 @@ CALLER = Caller("acc", "ag", "alice")
 )
 def test_bad_arguments_name_the_field(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidRequest) as e:
-        build_search_spec(CALLER, **kwargs)  # type: ignore[arg-type]
+        build_search_spec(CALLER, **kwargs)
     assert e.value.field == field
 
 

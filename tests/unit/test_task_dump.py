@@ -49,6 +49,7 @@ def test_a_batch_held_past_the_bound_is_named_in_the_state() -> None:
     assert st.to_dict()["busy_since"] is None
     st.working("a commit")
     snap = st.to_dict()
+    assert isinstance(snap["busy_since"], float)
     assert describe_snapshot(snap, now=snap["busy_since"] + 45) == "running, a commit for 45s"
     st.idle()
     st.waiting("postgres", "down")

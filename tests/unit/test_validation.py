@@ -58,7 +58,7 @@ def test_produce_lines_report_numbers_and_fields() -> None:
 
 
 def test_batches_keep_thread_order_and_split() -> None:
-    rows = [
+    rows: list[tuple[int, dict[str, object]]] = [
         (
             1,
             {"account_id": "a", "agent_id": "b", "thread_id": "t1", "role": "user", "content": "1"},
