@@ -39,9 +39,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import psutil
+
+if TYPE_CHECKING:
+    from memstream.infra.embedded.base import EmbeddedServer
 
 KEY = "chaos-key-0123456789"
 ACCOUNT = "chaos"
@@ -690,7 +694,7 @@ def unexpected_letters(letters: list[dict[str, object]]) -> list[dict[str, objec
     return [d for d in letters if d.get("key") != MALFORMED_KEY]
 
 
-OWNED: list[object] = []
+OWNED: list[EmbeddedServer] = []
 """Servers the harness restarted itself (stopped by :func:`stop_owned`)."""
 
 
@@ -698,7 +702,7 @@ async def stop_owned() -> None:
     while OWNED:
         srv = OWNED.pop()
         with contextlib.suppress(Exception):
-            await srv.stop()  # type: ignore[attr-defined]
+            await srv.stop()
 
 
 def _port(up: Up, name: str) -> int:
@@ -710,11 +714,11 @@ def _port(up: Up, name: str) -> int:
     return port
 
 
-async def _launch(data_dir: Path, name: str, port: int) -> object:
+async def _launch(data_dir: Path, name: str, port: int) -> EmbeddedServer:
     if name == "kafka":
         from memstream.infra.embedded.kafka import ApacheKafkaServer
 
-        srv: object = ApacheKafkaServer(data_dir / "kafka", port=port)
+        srv: EmbeddedServer = ApacheKafkaServer(data_dir / "kafka", port=port)
     elif name == "postgres":
         from memstream.infra.embedded.postgres import EmbeddedPostgres
 
@@ -723,7 +727,7 @@ async def _launch(data_dir: Path, name: str, port: int) -> object:
         from memstream.infra.embedded.redis import EmbeddedRedis
 
         srv = EmbeddedRedis(data_dir / "redis", port=port)
-    await srv.start()  # type: ignore[attr-defined]
+    await srv.start()
     return srv
 
 

@@ -249,7 +249,7 @@ async def test_context_goes_to_chat_completions_unchanged(
     assert msgs[1:5] == [dict(m, content="question 2") if m["role"] == "user" else m
                          for m in tool_turn(2)]  # fmt: skip
     client = AsyncOpenAI(api_key="sk-test", base_url=url)
-    answer = await client.chat.completions.create(model="gpt-test", messages=msgs)  # type: ignore[arg-type]
+    answer = await client.chat.completions.create(model="gpt-test", messages=msgs)  # type: ignore[arg-type]  # the JSON as a client sends it
     assert answer.choices[0].message.content == "ok"
     assert fake.requests[-1]["messages"] == msgs
 
@@ -268,7 +268,7 @@ async def test_fake_server_refuses_what_a_model_api_refuses(
     orphan = {"role": "tool", "tool_call_id": "c", "content": "r"}
     for bad in ([flat], [orphan]):
         with pytest.raises(BadRequestError):
-            await client.chat.completions.create(model="gpt-test", messages=bad)  # type: ignore[arg-type]
+            await client.chat.completions.create(model="gpt-test", messages=bad)  # type: ignore[arg-type]  # deliberately malformed
 
 
 async def test_anthropic_format(stack: ApiStack) -> None:
@@ -399,7 +399,7 @@ async def test_pinned_is_a_snapshot_taken_once(stack: ApiStack) -> None:
             return await real_summaries.get(ref)
 
     svc.memory = ObservedMemory(stack.pool, stack.clock)
-    svc.summary_store = HeldSummaries()  # type: ignore[assignment]
+    svc.summary_store = HeldSummaries()  # type: ignore[assignment]  # a stand-in: get() only
     try:
         turn = asyncio.create_task(context(stack, agent, "t"))
         await asyncio.wait_for(pinned_taken.wait(), 10)

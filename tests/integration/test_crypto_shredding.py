@@ -12,7 +12,7 @@ backlog, still ends with nothing readable.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 import pytest_asyncio
@@ -308,7 +308,7 @@ def raw_records(
     ]
 
 
-def bus_publish(bus: Bus):  # type: ignore[no-untyped-def]
+def bus_publish(bus: Bus) -> Callable[[str, bytes | None, bytes], Awaitable[None]]:
     async def publish(topic: str, key: bytes | None, value: bytes) -> None:
         await bus.publish_many(topic, [((key or b"").decode(), value)])
 

@@ -47,7 +47,7 @@ async def both(
 
 
 async def same(both: Clients, method: str, url: str, **kw: object) -> list[httpx.Response]:
-    out = [await c.request(method, url, **kw) for c in both]  # type: ignore[arg-type]
+    out = [await c.request(method, url, **kw) for c in both]  # type: ignore[arg-type]  # httpx's keywords, as each test gives them
     hot, plain = out
     assert hot.status_code == plain.status_code, (url, hot.text, plain.text)
     assert hot.headers.get("content-type") == plain.headers.get("content-type")

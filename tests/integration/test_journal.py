@@ -87,7 +87,7 @@ async def test_bad_input_names_the_field(journal: Journal) -> None:
         await journal.append(T1, [])
     assert e.value.field == "messages"
     with pytest.raises(InvalidRequest) as e:
-        await journal.append(T1, [user("ok"), NewMessage(role="robot", content="x")])  # type: ignore[arg-type]
+        await journal.append(T1, [user("ok"), NewMessage(role="robot", content="x")])  # type: ignore[arg-type]  # deliberately not a Role
     assert e.value.field == "messages[1].role"
     assert await journal.next_offset(T1) == 0  # nothing half-written
 

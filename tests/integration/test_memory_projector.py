@@ -138,7 +138,9 @@ async def test_events_project_into_a_recallable_index(pipeline: Pipeline) -> Non
     assert await recall(pipeline, acct, "when do we ship releases") == ["deploy"]
 
     # Redelivery: the same events again change nothing.
-    embedded_before = pipeline.index.embedder.misses  # type: ignore[attr-defined]
+    embedder = pipeline.index.embedder
+    assert isinstance(embedder, CachingEmbedder)
+    embedded_before = embedder.misses
     marker = entry(acct, "marker", "A marker fact sent after the redelivery.", 7)
     await produce(
         pipeline.bootstrap,
@@ -150,7 +152,7 @@ async def test_events_project_into_a_recallable_index(pipeline: Pipeline) -> Non
     await settle(projected)
     assert await pipeline.index.backend.count(name) == 3
     # only the marker was embedded: the redelivered contents came from the cache
-    assert pipeline.index.embedder.misses == embedded_before + 1  # type: ignore[attr-defined]
+    assert embedder.misses == embedded_before + 1
 
     # Replay: read the whole topic again and apply it; the same points remain.
     consumer = AIOKafkaConsumer(

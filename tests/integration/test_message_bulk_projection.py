@@ -19,7 +19,7 @@ from memstream.projections.messages import MessageStore, SearchSpec, query_words
 from memstream.projections.positions import Watermarks
 from memstream.projections.replay import Gate
 from memstream.schemas.events import DecodeError, encode, message_appended, thread_event
-from memstream.schemas.records import Message, ThreadRef
+from memstream.schemas.records import Message, Role, ThreadRef
 from memstream.streams.gate import GatedProcessor, record_messages
 from memstream.streams.message_projector import MessageProjector
 from memstream.streams.processor import EventMeta, RawRecord
@@ -29,18 +29,18 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 T = datetime(2026, 3, 1, tzinfo=UTC)
 
 
-def msg(acct: str, thread: str, offset: int, role: str, content: str, **kw: object) -> Message:
+def msg(acct: str, thread: str, offset: int, role: Role, content: str, **kw: object) -> Message:
     return Message(
         account_id=acct,
         agent_id="ag",
         thread_id=thread,
         offset=offset,
         message_id=f"{acct}-{thread}-{offset}",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         content=content,
         created_at=T + timedelta(seconds=offset),
         seq=100 + offset,
-        **kw,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]  # Message's other fields, as each test gives them
     )
 
 

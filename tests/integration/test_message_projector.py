@@ -20,7 +20,7 @@ from memstream.infra.metrics import make_metrics
 from memstream.infra.settings import Settings
 from memstream.projections.messages import ChdbEngine, MessageStore, SearchSpec, query_words
 from memstream.schemas.events import encode, message_appended
-from memstream.schemas.records import Message, ThreadRef
+from memstream.schemas.records import Message, Role, ThreadRef
 from memstream.schemas.topics import Topics
 from memstream.streams.dlq import list_dead_letters
 from memstream.streams.message_projector import NAME, MessageProjector
@@ -72,17 +72,17 @@ async def pipeline(
         await runner.stop()
 
 
-def msg(acct: str, thread: str, offset: int, role: str, content: str, **kw: object) -> Message:
+def msg(acct: str, thread: str, offset: int, role: Role, content: str, **kw: object) -> Message:
     return Message(
         account_id=acct,
         agent_id="ag",
         thread_id=thread,
         offset=offset,
         message_id=f"{acct}-{thread}-{offset}",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         content=content,
         created_at=T + timedelta(seconds=offset),
-        **kw,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]  # Message's other fields, as each test gives them
     )
 
 

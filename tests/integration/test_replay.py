@@ -38,7 +38,7 @@ from memstream.projections.replay_hub import ReplayHub
 from memstream.projections.replay_sinks import CountersSink, MemorySink, MessagesSink
 from memstream.projections.replay_sources import JournalSource
 from memstream.schemas.events import Envelope, encode, memory_event, message_appended
-from memstream.schemas.records import MemoryEntry, Message, ThreadRef
+from memstream.schemas.records import MemoryEntry, Message, Role, ThreadRef
 from memstream.schemas.topics import Topics, memory_key
 from memstream.streams.gate import GatedProcessor, record_memory, record_messages
 from memstream.streams.memory_projector import NAME as MEMORY_NAME
@@ -137,14 +137,14 @@ async def system(
 
 
 # --- helpers ----------------------------------------------------------------------------------
-def msg(sys: System, acct: str, thread: str, offset: int, role: str, content: str) -> Message:
+def msg(sys: System, acct: str, thread: str, offset: int, role: Role, content: str) -> Message:
     return Message(
         account_id=acct,
         agent_id=AGENT,
         thread_id=thread,
         offset=offset,
         message_id=f"{acct}-{thread}-{offset}",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         content=content,
         created_at=T + timedelta(seconds=offset),
         token_count=10,

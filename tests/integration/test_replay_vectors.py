@@ -260,7 +260,7 @@ async def test_a_thread_erased_while_the_switch_runs_stays_erased(
     old, new = live.database, sink.store(2).database
     await sink.seal(2)
     erasing = _ErasingOnce(chdb_engine, live, ThreadRef("acc", "ag", "gone"))
-    live.engine = erasing  # type: ignore[assignment]
+    live.engine = erasing  # type: ignore[assignment]  # a stand-in that erases once
     try:
         erasing.arm()
         await sink.switch(2)

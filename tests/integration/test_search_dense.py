@@ -246,20 +246,20 @@ async def test_python_bm25_of_dense_candidates_matches_the_sql(
     hits = await dense_store.lexical_search(replace(spec, limit=50))
     assert len(hits) > 3
     for h in hits:
-        parts = h.explain
+        parts: dict[str, Any] | None = h.explain  # JSON, navigated by the test
         assert parts is not None
         terms = parts["terms"]
         assert isinstance(terms, dict)
         python = bm25(
             [terms[w]["tf"] for w in spec.words],
             [terms[w]["df"] for w in spec.words],
-            parts["messages"],  # type: ignore[arg-type]
-            parts["length"],  # type: ignore[arg-type]
-            parts["average_length"],  # type: ignore[arg-type]
+            parts["messages"],
+            parts["length"],
+            parts["average_length"],
             BM25_K1,
             BM25_B,
         )
-        assert math.isclose(python, parts["bm25"], rel_tol=1e-4), (h.content, python, parts)  # type: ignore[arg-type]
+        assert math.isclose(python, parts["bm25"], rel_tol=1e-4), (h.content, python, parts)
 
 
 async def test_background_embedder_gives_the_same_vectors_at_low_priority() -> None:

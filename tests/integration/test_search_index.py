@@ -14,7 +14,7 @@ import pytest
 
 from memstream.errors import InvalidRequest, RetryableInfraError, StoreUnavailable
 from memstream.infra.settings import Settings
-from memstream.projections.messages import MessageStore, index_root
+from memstream.projections.messages import MessageStore, SearchHit, index_root
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.lexical_index import (
     CANDIDATES,
@@ -28,7 +28,7 @@ from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Caller
 from tests.integration.test_search_postings import WORDS, _corpus
-from tests.integration.test_transcript_search import m, project, search
+from tests.integration.test_transcript_search import explained, m, project, search
 
 
 async def _pair(chdb_engine: ChdbEngine, root: Path) -> tuple[MessageStore, MessageStore]:
@@ -88,7 +88,7 @@ async def test_with_the_index_there_are_no_posting_lists_until_it_is_turned_off(
     await close_indexes(root)
 
 
-def _ranked(hits: list) -> list[tuple[str, int, float]]:  # type: ignore[type-arg]
+def _ranked(hits: list[SearchHit]) -> list[tuple[str, int, float]]:
     return [(h.thread_id, h.offset, round(h.relevance, 9)) for h in hits]
 
 
@@ -112,7 +112,7 @@ async def test_the_index_ranks_like_the_posting_lists(
         thread = f"t{q % 12}" if q % 4 == 0 else None
         spec = SearchSpec("acc", "ag", user, query_words(words), 10, thread_id=thread, explain=True)
         mine, theirs = await indexed.lexical_search(spec), await postings.lexical_search(spec)
-        assert [h.explain["terms"] for h in mine] == [h.explain["terms"] for h in theirs]  # type: ignore[index]
+        assert [explained(h)["terms"] for h in mine] == [explained(h)["terms"] for h in theirs]
         n_docs, avg = await indexed.collection_stats("acc", "ag")
         index = indexed.lexical_index()
         assert index is not None
@@ -165,7 +165,7 @@ async def test_redelivered_bulk_batches_leave_one_copy(indexed_store: MessageSto
     assert len(hits) == len(set(hits)) == 50
     spec = SearchSpec("acc", "ag", None, query_words("walrus"), 10, explain=True)
     (top, *_) = await indexed_store.lexical_search(spec)
-    assert top.explain["terms"]["walrus"]["df"] == 1_200  # type: ignore[index]
+    assert explained(top)["terms"]["walrus"]["df"] == 1_200
 
 
 async def test_erasure_removes_the_thread_from_the_index(indexed_store: MessageStore) -> None:

@@ -28,13 +28,13 @@ from memstream.projections.messages.postings import (
 from memstream.projections.messages.ranking import TermStats, impact_bound, plan, rarest_first
 from memstream.projections.messages.sql import SearchSpec, SqlParam, query_words
 from memstream.projections.messages.text_table import TEXT_TABLE
-from memstream.schemas.records import Caller
-from tests.integration.test_transcript_search import m, project, search
+from memstream.schemas.records import Caller, Message
+from tests.integration.test_transcript_search import explained, m, project, search
 
 WORDS = [f"w{i}" for i in range(60)]
 
 
-def _corpus(rng: random.Random) -> list:  # type: ignore[type-arg]
+def _corpus(rng: random.Random) -> list[Message]:
     """1,200 turns over 12 threads, three of them private, words Zipf-like (w0 in most
     turns, w59 in a few), lengths 3 to 40 words, some words repeated."""
     weights = [1 / (i + 1) for i in range(len(WORDS))]
@@ -88,7 +88,7 @@ async def test_pruned_search_ranks_like_scoring_every_candidate(
             # the same best 100 by BM25, in the same order (before the proximity bonus)
             by_bm25 = sorted(
                 hits,
-                key=lambda h: (-float(h.explain["bm25"]), -h.created_at.timestamp(), -h.offset),  # type: ignore[index,arg-type]
+                key=lambda h: (-float(explained(h)["bm25"]), -h.created_at.timestamp(), -h.offset),
             )
             assert [(h.thread_id, h.offset) for h in by_bm25] == [(t, o) for t, o, _ in reference]
         if caller_user is None:  # private threads stay out of hits and of df
@@ -127,7 +127,7 @@ async def test_two_word_searches_read_no_term_statistics(message_store: MessageS
         assert stats_read == (0 if n_words <= 2 or hinted else 1), (words, statements)
         by_bm25 = sorted(
             hits,
-            key=lambda h: (-float(h.explain["bm25"]), -h.created_at.timestamp(), -h.offset),  # type: ignore[index,arg-type]
+            key=lambda h: (-float(explained(h)["bm25"]), -h.created_at.timestamp(), -h.offset),
         )
         assert [(h.thread_id, h.offset) for h in by_bm25] == [(t, o) for t, o, _ in reference]
         if caller_user is None:
@@ -166,7 +166,7 @@ async def test_one_word_scores_like_the_general_statement_with_unmerged_copies(
                 sql, params = one_term_sql(message_store.database, spec, (n_docs, avg), 100)
                 one = await message_store.engine.rows(sql, params)
 
-                def key(rows: list) -> list:  # type: ignore[type-arg]
+                def key(rows: list[Row]) -> list[tuple[str, int, int, float, str, int, str]]:
                     return [
                         (str(r[0]), int(str(r[1])), int(str(r[2])), round(float(str(r[3])), 9))
                         + (str(r[4]), int(str(r[5])), str(r[7]))
@@ -379,7 +379,7 @@ async def test_a_view_of_an_earlier_release_is_upgraded_at_start(
         ("new", 0),
     }
     postings = [r for r in await _postings(message_store) if r[2] == "kitten"]
-    assert [(r[3], list(r[7])) for r in postings] == [  # type: ignore[call-overload]
+    assert [(r[3], list(r[7])) for r in postings] == [  # type: ignore[call-overload]  # a Row cell: the positions array
         ("mid", [2, 5]),
         ("new", [1, 3]),
         ("old", [1, 2]),

@@ -17,6 +17,7 @@ from memstream.projections.messages.sql import SearchSpec, query_words
 from memstream.projections.messages.store import SearchHit
 from memstream.projections.messages.text_table import TEXT_FILLING, TEXT_TABLE, TEXT_VIEW
 from memstream.schemas.events import encode, message_appended
+from memstream.schemas.records import Message
 from tests.integration.test_transcript_search import m, project
 
 TEXTS = [
@@ -27,7 +28,7 @@ TEXTS = [
 ]
 
 
-def _msgs(agent: str = "ag") -> list:  # type: ignore[type-arg]
+def _msgs(agent: str = "ag") -> list[Message]:
     return [
         m(
             t,

@@ -63,7 +63,7 @@ def summarizer(
 ) -> SummarizerProcessor:
     kw.setdefault("token_budget", 200)
     kw.setdefault("clock", FixedClock())
-    return SummarizerProcessor(journal, state, store, ExtractiveSummaryModel(), **kw)  # type: ignore[arg-type]
+    return SummarizerProcessor(journal, state, store, ExtractiveSummaryModel(), **kw)  # type: ignore[arg-type]  # as each test gives them
 
 
 async def append(journal: Journal, ref: ThreadRef, texts: Sequence[str]) -> list[Message]:
@@ -262,7 +262,8 @@ async def test_the_catch_up_brings_back_the_summary_readers_see(
     assert first is not None
     await redis_client.delete(redis_keys.summary_cache(ref))
     await store.cache(ref, first)
-    assert (await store.get(ref)).last_message_offset == 9  # type: ignore[union-attr]
+    cached = await store.get(ref)
+    assert cached is not None and cached.last_message_offset == 9
     assert await catch_up(state, store, journal, [ref]) == [ref]
     got = await store.get(ref)
     assert got is not None and (got.version, got.last_message_offset) == (2, 39)
@@ -296,7 +297,8 @@ async def test_a_summary_whose_after_effects_failed_is_cached_by_the_repair(
         m.setattr(store, "refresh_cache", down)
         with pytest.raises(RetryableInfraError):
             await s.summarize(ref, 99)
-    assert (await store.get(ref)).version == 1  # type: ignore[union-attr]
+    kept = await store.get(ref)
+    assert kept is not None and kept.version == 1
     assert await s.summarize(ref, 99) is None  # the redelivery: written already, repaired
     got = await store.get(ref)
     assert got is not None and (got.version, got.last_message_offset) == (2, 99)
@@ -702,13 +704,13 @@ async def test_a_retried_or_raced_summary_flushes_its_span_once(
     real_write = store.write
     lost = [False]
 
-    async def racy_write(*args: object, **kw: object) -> None:
+    async def racy_write(ref: ThreadRef, summary: Summary, expected_previous_version: int) -> None:
         if not lost[0]:
             lost[0] = True
             raise Conflict("another worker wrote this version")
-        await real_write(*args, **kw)  # type: ignore[arg-type]
+        await real_write(ref, summary, expected_previous_version=expected_previous_version)
 
-    store.write = racy_write  # type: ignore[method-assign]
+    store.write = racy_write  # type: ignore[method-assign]  # a store that loses one race
     written = await s.summarize(ref, 49)
     assert written is not None and written.version == 1 and lost[0]
     assert len(extractor.seen) == turns  # the span was not flushed again

@@ -13,9 +13,9 @@ import pytest_asyncio
 from memstream.agents_ctx.journal_tools import journal_message_search
 from memstream.errors import InvalidRequest
 from memstream.infra.llm import ExtractiveSummaryModel
-from memstream.projections.messages import MessageStore
+from memstream.projections.messages import MessageStore, SearchHit
 from memstream.schemas.events import message_appended
-from memstream.schemas.records import Caller, Message, ToolCall
+from memstream.schemas.records import Caller, Message, Role, ToolCall
 from memstream.streams.message_projector import rows_of_batch
 
 
@@ -31,7 +31,7 @@ T0 = datetime(2026, 2, 1, tzinfo=UTC)
 def m(
     thread: str,
     offset: int,
-    role: str,
+    role: Role,
     content: str,
     *,
     account: str = "acc",
@@ -46,11 +46,11 @@ def m(
         thread_id=thread,
         offset=offset,
         message_id=f"{account}-{agent}-{thread}-{offset}",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         content=content,
         created_at=T0 + timedelta(minutes=minutes),
         user_id=user,
-        **kw,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]  # Message's other fields, as each test gives them
     )
 
 
@@ -124,6 +124,12 @@ async def search(
         **kw,
     )
     return [(h.thread_id, h.offset) for h in res.results]
+
+
+def explained(hit: SearchHit) -> dict[str, Any]:
+    """The score's parts of a hit found with ``explain``: JSON, navigated by the test."""
+    assert hit.explain is not None
+    return hit.explain
 
 
 async def test_hits_misses_and_case(corpus: MessageStore) -> None:

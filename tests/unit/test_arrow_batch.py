@@ -23,14 +23,14 @@ from memstream.projections.messages.arrow_batch import parse_journal_values
 from memstream.projections.messages.rows import messages_table, split_journal_batch
 from memstream.projections.messages.sql import KIND_PYTHON
 from memstream.schemas.events import DecodeError, decode, encode, message_appended, thread_event
-from memstream.schemas.records import Message, ToolCall
+from memstream.schemas.records import Message, Role, ToolCall
 from memstream.streams.message_projector import rows_of_batch, thread_positions
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def msg(
-    thread: str, offset: int, role: str, content: str, *, seq: int | None = None, **kw: Any
+    thread: str, offset: int, role: Role, content: str, *, seq: int | None = None, **kw: Any
 ) -> Message:
     return Message(
         account_id="acc",
@@ -38,7 +38,7 @@ def msg(
         thread_id=thread,
         offset=offset,
         message_id=f"{thread}-{offset}",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         content=content,
         created_at=T0 + timedelta(milliseconds=offset * 1_001),
         seq=100 + offset if seq is None else seq,
@@ -219,7 +219,8 @@ _envelope_fields = ("v", "type", "id", "ts", "account_id", "agent_id", "thread_i
 
 @st.composite
 def records(draw: st.DrawFn) -> bytes:
-    role = draw(st.sampled_from(["user", "assistant", "system", "tool"]))
+    roles: list[Role] = ["user", "assistant", "system", "tool"]
+    role = draw(st.sampled_from(roles))
     thread = draw(st.sampled_from(["t1", "t2", "ü"]))
     m = msg(
         thread,

@@ -123,7 +123,7 @@ def test_fast_results_are_the_records_the_constructors_build() -> None:
     assert msg == Message._from_dict_checked(MESSAGE)
     assert type(msg) is Message and type(msg.tool_calls[0]) is records.ToolCall
     with pytest.raises(AttributeError):  # still frozen
-        msg.offset = 4  # type: ignore[misc]
+        msg.offset = 4  # type: ignore[misc]  # deliberately: it is frozen
     env = events.decode(ENVELOPE)
     assert env == events._decode_checked(orjson.loads(ENVELOPE)) and type(env) is events.Envelope
     entry = MemoryEntry.from_dict(ENTRY)

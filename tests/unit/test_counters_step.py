@@ -76,7 +76,8 @@ DROP = object()
 
 def test_an_undecoded_record_reads_like_decode_then_to_count() -> None:
     assert read_step(encode(appended())) == (("acc", "agent", "th"), 7, 12)
-    assert read_step(encode(appended(token_count=None)))[2] == 0  # type: ignore[index]
+    step = read_step(encode(appended(token_count=None)))
+    assert step is not None and step[2] == 0
     assert read_step(raw(appended(), v=DROP)) == (("acc", "agent", "th"), 7, 12)  # v0, upcast
     other = Envelope("thread.created", "e1", 1, "acc", "agent", "th", {})
     assert read_step(encode(other)) is None

@@ -14,6 +14,7 @@ import os
 import pwd
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import typer
@@ -75,10 +76,10 @@ def _loops() -> list[object]:
 
 @pytest.mark.parametrize("factory", _loops())
 def test_a_child_server_runs_as_its_user_and_stops_on_either_loop(
-    tmp_path: object, factory: Callable[[], asyncio.AbstractEventLoop] | None
+    tmp_path: Path, factory: Callable[[], asyncio.AbstractEventLoop] | None
 ) -> None:
     async def scenario() -> tuple[int, int | None, bool]:
-        server = Listener(tmp_path)  # type: ignore[arg-type]
+        server = Listener(tmp_path)
         await server.start()
         pid = server.pid
         assert pid is not None

@@ -177,11 +177,13 @@ def test_openai_calls_are_bounded_and_fit_in_the_summary_lock() -> None:
     from pydantic import ValidationError
 
     from memstream.infra.llm import build_models
+    from memstream.infra.llm.openai_models import OpenAISummaryModel
     from memstream.infra.settings import Settings
 
-    s = Settings(llm_provider="openai", openai_api_key="sk-test")  # type: ignore[arg-type]
+    s = Settings(llm_provider="openai", openai_api_key="sk-test")  # type: ignore[arg-type]  # pydantic makes the str a SecretStr
     model, extractor = build_models(s)
-    client = model._client  # type: ignore[attr-defined]
+    assert isinstance(model, OpenAISummaryModel)
+    client = model._client
     assert client.max_retries == 1 and client.timeout == 20.0
     assert s.model_call_budget_s() == 42.0  # 2 attempts x 20 s + backoff
     assert s.flush_timeout_s + s.model_call_budget_s() + 10 <= s.summary_lock_ttl_s

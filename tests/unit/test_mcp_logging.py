@@ -31,7 +31,7 @@ def unconfigured_root() -> Iterator[logging.Logger]:
 
 def test_building_the_mcp_server_adds_no_handler_and_keeps_the_level() -> None:
     with unconfigured_root() as root:
-        build_mcp_server(lambda caller: None)  # type: ignore[arg-type,return-value]
+        build_mcp_server(lambda caller: None)  # type: ignore[arg-type,return-value]  # never called
         assert root.handlers == []
         assert root.level == logging.WARNING
         assert not logging.getLogger("memstream.access").isEnabledFor(logging.INFO)

@@ -26,7 +26,7 @@ from memstream.projections.memory_index.rules import (
     should_apply,
 )
 from memstream.projections.memory_index.tuning import LEGACY, TUNING
-from memstream.schemas.events import DecodeError, Envelope, memory_event
+from memstream.schemas.events import DecodeError, Envelope, MemoryEventType, memory_event
 from memstream.schemas.records import MemoryEntry
 from memstream.streams.memory_projector import ops_of_batch
 
@@ -54,17 +54,17 @@ def entry(
 
 
 @pytest.mark.parametrize("typ", ["memory.stored", "memory.replaced", "memory.decayed"])
-def test_changes_map_to_upsert(typ: str) -> None:
+def test_changes_map_to_upsert(typ: MemoryEventType) -> None:
     e = entry(version=4)
-    op = op_for_event(memory_event(typ, e, ts=1))  # type: ignore[arg-type]
+    op = op_for_event(memory_event(typ, e, ts=1))
     assert op == Upsert(e)
     assert op.version == 4
 
 
 @pytest.mark.parametrize("typ", ["memory.forgotten", "memory.expired"])
-def test_removals_map_to_delete(typ: str) -> None:
+def test_removals_map_to_delete(typ: MemoryEventType) -> None:
     e = entry(user="u1", version=7)
-    op = op_for_event(memory_event(typ, e, ts=1))  # type: ignore[arg-type]
+    op = op_for_event(memory_event(typ, e, ts=1))
     assert op == Delete(PointIdentity("acct", "agent", "u1", "k"), 7)
     assert op.point_id == point_id(identity_of(e))
 

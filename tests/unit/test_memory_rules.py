@@ -36,7 +36,7 @@ def entry(**kw: object) -> MemoryEntry:
         "updated_at": NOW - timedelta(days=1),
     }
     base.update(kw)
-    return MemoryEntry(**base)  # type: ignore[arg-type]
+    return MemoryEntry(**base)  # type: ignore[arg-type]  # the fields as each test gives them
 
 
 def check(**kw: object) -> policy.StoreRequest:
@@ -49,7 +49,7 @@ def check(**kw: object) -> policy.StoreRequest:
         "user_id": "u1",
     }
     args.update(kw)
-    return policy.check_store(**args)  # type: ignore[arg-type]
+    return policy.check_store(**args)  # type: ignore[arg-type]  # the arguments as each test gives them, bad ones too
 
 
 # --- prompt injection ---------------------------------------------------------------------

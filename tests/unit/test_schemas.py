@@ -18,6 +18,7 @@ from memstream.schemas.records import (
     JSONObject,
     MemoryEntry,
     Message,
+    Role,
     Summary,
     ThreadConfig,
     ToolCall,
@@ -72,7 +73,7 @@ def test_envelope_round_trip(
 )
 def test_message_round_trip(
     offset: int,
-    role: str,
+    role: Role,
     content: str,
     reasoning: str | None,
     calls: list[ToolCall],
@@ -85,7 +86,7 @@ def test_message_round_trip(
         thread_id="t",
         offset=offset,
         message_id="m1",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         content=content,
         created_at=created,
         token_count=3,

@@ -149,7 +149,7 @@ def test_a_line_shows_its_arguments_as_they_were_when_logged() -> None:
 
     opened = threading.Event()
 
-    class Gated(logging.StreamHandler):  # type: ignore[type-arg]
+    class Gated(logging.StreamHandler[io.StringIO]):
         def emit(self, record: logging.LogRecord) -> None:
             opened.wait(10)  # the thread writes only once the list below changed
             super().emit(record)

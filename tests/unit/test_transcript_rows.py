@@ -16,23 +16,23 @@ from memstream.projections.messages.rows import (
 )
 from memstream.projections.messages.sql import literal
 from memstream.schemas.events import DecodeError, Envelope, message_appended, thread_event
-from memstream.schemas.records import Message, ToolCall
+from memstream.schemas.records import Message, Role, ToolCall
 from memstream.streams.message_projector import rows_of_batch
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
-def msg(offset: int, role: str, content: str, **kw: object) -> Message:
+def msg(offset: int, role: Role, content: str, **kw: object) -> Message:
     return Message(
         account_id="acc",
         agent_id="ag",
         thread_id="th",
         offset=offset,
         message_id=f"m{offset}",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         content=content,
         created_at=T0,
-        **kw,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]  # Message's other fields, as each test gives them
     )
 
 
@@ -60,7 +60,7 @@ def test_user_and_assistant_become_rows_without_reasoning() -> None:
 
 
 @pytest.mark.parametrize("role", ["system", "tool"])
-def test_system_and_tool_messages_map_to_nothing(role: str) -> None:
+def test_system_and_tool_messages_map_to_nothing(role: Role) -> None:
     extra = {"tool_call_id": "tc-1"} if role == "tool" else {}
     assert row_of_envelope(env(msg(0, role, "you are a helpful bot", **extra))) is None
 
