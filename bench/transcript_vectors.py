@@ -3,13 +3,15 @@ against ClickHouse's exact scan, at 100k and 1M vectors in one agent.
 
 Run: ``python bench/transcript_vectors.py [--sizes 100000 1000000] [--ef 64 128 256 512]
 [--acorn on off] [--queries 200] [--pool 20000] [--decoys 0.5] [--clickhouse-queries 20]
-[--quantization none|int8] [--oversampling none 1 2] [--visibility hidden|all] [--keep DIR]``.
+[--quantization none|int8] [--oversampling none 1 2] [--visibility hidden|all|own] [--keep DIR]``.
 
 ``--quantization int8`` builds the shard with an int8 copy of every vector (as production
 does); each ``--oversampling`` value is then a walk setting of its own (``none``: the walk on
 the float32 vectors, ignoring the copy; a number: on the int8 copy, re-scoring ``k x`` that
 many on float32). ``--visibility all`` asks as a caller who reads every thread (no hidden
-threads: the agent is the only filter). ``--keep DIR`` keeps each size's shard in
+threads: the agent is the only filter); ``--visibility own`` as a caller who owns the
+target's thread and reads no other (every other thread of a0 hidden: an agent whose every
+thread is some user's own). ``--keep DIR`` keeps each size's shard in
 ``DIR/<N>`` and reuses it on the next run (no load, no build): search settings can then be
 compared on one build.
 
@@ -253,12 +255,20 @@ def search(
     settings: list[Setting],
     warmup: int,
     built: IndexTuning,
-    hide: bool,
+    visibility: str,
 ) -> tuple[dict[Setting, Tally], Tally, list[list[Key]]]:
     """Every question by every walk setting (interleaved, the order rotated per question)
-    and by the exact scan; the first ``warmup`` questions are asked once before, untimed."""
-    hidden_threads = c.hidden if hide else []
-    hidden = set(hidden_threads)
+    and by the exact scan; the first ``warmup`` questions are asked once before, untimed.
+    ``visibility``: ``hidden`` (the corpus's hidden threads), ``all`` (none hidden) or
+    ``own`` (every a0 thread hidden but the target's: a caller who owns one thread)."""
+    a0_threads = sorted(set(c.threads[: c.a0_points]))
+
+    def hidden_for(target: Key) -> list[str]:
+        if visibility == "own":
+            return [t for t in a0_threads if t != target[0]]
+        return c.hidden if visibility == "hidden" else []
+
+    hidden_threads = hidden_for(c.targets[0])
     walks = {s: Tally() for s in settings}
     exact = Tally()
     exact_ranked: list[list[Key]] = []
@@ -281,6 +291,8 @@ def search(
             tune(s)
             ask(vec, False)
     for i, (vec, target) in enumerate(zip(qvecs, c.targets, strict=True)):
+        hidden_threads = hidden_for(target)
+        hidden = set(hidden_threads)
         got, lat = ask(vec, True)
         exact.lat.append(lat)
         ranked = exact.add(got, None, target, hidden, i in c.twinned)
@@ -396,10 +408,11 @@ async def main() -> None:
     )
     ap.add_argument(
         "--visibility",
-        choices=["hidden", "all"],
+        choices=["hidden", "all", "own"],
         default="hidden",
         help="hidden: 10%% of a0's threads are another user's (the default); all: the caller "
-        "reads every thread (one user), so only the agent filters",
+        "reads every thread (one user), so only the agent filters; own: every thread is "
+        "some user's own, the caller reads the target's thread alone",
     )
     ap.add_argument(
         "--keep",
@@ -456,7 +469,7 @@ async def main() -> None:
                 flush=True,
             )
             walks, exact, exact_ranked = search(
-                index, c, qvecs, settings, args.warmup, built, args.visibility == "hidden"
+                index, c, qvecs, settings, args.warmup, built, args.visibility
             )
             await index.close()
             print(f"shard on disk at rest (closed): {disk_mb(shard):,.0f} MB", flush=True)
