@@ -3,12 +3,15 @@ against ClickHouse's exact scan, at 100k and 1M vectors in one agent.
 
 Run: ``python bench/transcript_vectors.py [--sizes 100000 1000000] [--ef 64 128 256 512]
 [--acorn on off] [--queries 200] [--pool 20000] [--decoys 0.5] [--clickhouse-queries 20]
-[--quantization none|int8] [--oversampling none 1 2] [--visibility hidden|all|own] [--keep DIR]``.
+[--quantization none|int8] [--oversampling none 1 2] [--post-filter on off]
+[--visibility hidden|all|own] [--keep DIR]``.
 
 ``--quantization int8`` builds the shard with an int8 copy of every vector (as production
 does); each ``--oversampling`` value is then a walk setting of its own (``none``: the walk on
 the float32 vectors, ignoring the copy; a number: on the int8 copy, re-scoring ``k x`` that
-many on float32). ``--visibility all`` asks as a caller who reads every thread (no hidden
+many on float32). ``--post-filter on`` is the walk as served (hidden threads dropped from a
+walk asked for more, :data:`~memstream.projections.messages.vector_index.POST_FILTER_MAX_HIDDEN`),
+``off`` the walk with the hidden-thread condition at every step. ``--visibility all`` asks as a caller who reads every thread (no hidden
 threads: the agent is the only filter); ``--visibility own`` as a caller who owns the
 target's thread and reads no other (every other thread of a0 hidden: an agent whose every
 thread is some user's own). ``--keep DIR`` keeps each size's shard in
@@ -69,6 +72,7 @@ from memstream.projections.memory_index.tuning import IndexTuning
 from memstream.projections.messages import ChdbEngine, MessageStore, SearchSpec
 from memstream.projections.messages.sql import dense_sql
 from memstream.projections.messages.vector_index import (
+    POST_FILTER_MAX_HIDDEN,
     TUNING,
     DenseQuery,
     VectorIndex,
@@ -90,8 +94,9 @@ BATCH = 5_000
 GAP = 0.02
 
 Key = tuple[str, int]
-Setting = tuple[int, bool, float | None]
-"""A walk: hnsw_ef, ACORN, oversampling on the int8 copy (None: the float32 vectors)."""
+Setting = tuple[int, bool, float | None, bool]
+"""A walk: hnsw_ef, ACORN, oversampling on the int8 copy (None: the float32 vectors), hidden
+threads post-filtered (else a condition of the walk)."""
 
 
 @dataclass
@@ -280,10 +285,12 @@ def search(
         return got, time.perf_counter() - t0
 
     def tune(s: Setting) -> None:
-        ef, acorn, over = s
+        ef, acorn, over, post = s
         index.tuning = replace(
             built, hnsw_ef=ef, acorn_max_selectivity=1.0 if acorn else None, oversampling=over
         )
+        index.post_filter_max_hidden = POST_FILTER_MAX_HIDDEN if post else None
+        index.post_filter_ef = ef  # the setting's ef for either walk
 
     for vec in qvecs[:warmup]:
         ask(vec, True)
@@ -407,6 +414,14 @@ async def main() -> None:
         help="walks on the int8 copy, re-scoring limit x this many (none: the float32 walk)",
     )
     ap.add_argument(
+        "--post-filter",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on", "off"],
+        help="on: hidden threads dropped from a walk asked for more (served); off: a "
+        "condition of the walk",
+    )
+    ap.add_argument(
         "--visibility",
         choices=["hidden", "all", "own"],
         default="hidden",
@@ -438,8 +453,9 @@ async def main() -> None:
     overs = [None if o == "none" else float(o) for o in args.oversampling]
     if built.quantization is None and any(o is not None for o in overs):
         raise SystemExit("--oversampling needs --quantization int8")
+    posts = [p == "on" for p in args.post_filter]
     settings: list[Setting] = [
-        (ef, a == "on", o) for a in args.acorn for o in overs for ef in args.ef
+        (ef, a == "on", o, p) for a in args.acorn for o in overs for p in posts for ef in args.ef
     ]
     summary: list[str] = []
     for n in args.sizes:
@@ -490,9 +506,10 @@ async def main() -> None:
             f"hit@5 gap to exact | leaks | p50 ms | p99 ms | p99 / ClickHouse p99 |"
         )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for (ef, acorn, over), t in walks.items():
+        for (ef, acorn, over, post), t in walks.items():
             on = "float32" if over is None else f"int8 x{over:g}"
-            label = f"walk ef {ef}, ACORN {'on' if acorn else 'off'}, {on}"
+            how = "post-filtered" if post else "hidden threads in the walk"
+            label = f"walk ef {ef}, ACORN {'on' if acorn else 'off'}, {on}, {how}"
             print(row(label, t, c, exact, ch))
         print(row("exact scan (index)", exact, c, exact, ch))
         if ch:
@@ -500,14 +517,17 @@ async def main() -> None:
                 f"| ClickHouse dense_sql ({len(ch)} q.) | - | - | - | - | - | - | - | "
                 f"{pct(ch, 50):.2f} | {pct(ch, 99):.2f} | 1 |"
             )
-        for acorn, over in ((a == "on", o) for a in args.acorn for o in overs):
+        for acorn, over, post in (
+            (a == "on", o, p) for a in args.acorn for o in overs for p in posts
+        ):
             ok = [
                 (ef, t)
-                for (ef, a, o), t in walks.items()
-                if a == acorn and o == over and (exact.hit5 - t.hit5) / q <= GAP
+                for (ef, a, o, p), t in walks.items()
+                if a == acorn and o == over and p == post and (exact.hit5 - t.hit5) / q <= GAP
             ]
             on = "float32" if over is None else f"int8 x{over:g}"
-            what = f"N = {n:,}, ACORN {'on' if acorn else 'off'}, {on}: "
+            how = "post-filtered" if post else "hidden threads in the walk"
+            what = f"N = {n:,}, ACORN {'on' if acorn else 'off'}, {on}, {how}: "
             if ok:
                 ef, t = min(ok, key=lambda x: x[0])
                 summary.append(
@@ -519,7 +539,7 @@ async def main() -> None:
                 )
             else:
                 summary.append(what + f"no ef within {GAP} of exact hit@5")
-        print("\n".join(summary[-len(args.acorn) * len(overs) :]), flush=True)
+        print("\n".join(summary[-len(args.acorn) * len(overs) * len(posts) :]), flush=True)
     print("\nSummary:\n" + "\n".join(summary))
 
 

@@ -436,6 +436,75 @@ async def test_the_hnsw_walk_agrees_with_the_exact_scan_on_a_small_agent(
     await small.close()
 
 
+async def test_a_post_filtered_walk_never_returns_a_hidden_thread(
+    embedder: CachingEmbedder, tmp_path: Path
+) -> None:
+    """A walk over an agent with few hidden points asks for more than ``k`` without the
+    hidden-thread condition and drops the hidden hits: the same visible messages as the
+    exact scan with the condition, none hidden, even where copies of the answer sit in
+    another user's thread; where the hidden copies crowd every visible one out of the
+    over-fetch, it walks again with the condition (and keeps it for the next searches with
+    those hidden threads); where most points are hidden, it keeps the condition from the
+    start."""
+    from memstream.projections.messages.vector_index import (
+        TUNING,
+        DenseQuery,
+        VectorIndex,
+        VectorRow,
+        over_fetch,
+    )
+
+    tuning = replace(TUNING, indexing_threshold_kb=1, full_scan_kb=1)
+    index = VectorIndex(tmp_path / "walk", tuning)
+    vectors = await embedder.embed([*FILLER, EVIDENCE])
+    rows = [
+        VectorRow("acc", "ag", f"t{t}", o, vectors[(o + t) % len(FILLER)])
+        for t in range(12)
+        for o in range(25)
+    ]
+    rows.append(VectorRow("acc", "ag", "t0", 25, vectors[-1]))  # the answer, visible
+    # copies of the answer in another user's thread: the nearest points of all
+    rows += [VectorRow("acc", "ag", "private", o, vectors[-1]) for o in range(3)]
+    await index.upsert(rows)
+    assert await index.maintain(force=True)
+    vector = (await embedder.embed_query([PARAPHRASE]))[0]
+
+    def ask(hidden: list[str], exact: bool) -> DenseQuery:
+        return DenseQuery("acc", "ag", vector, 10, hidden_threads=hidden, exact=exact)
+
+    async def check(hidden: list[str]) -> dict[tuple[str, int], float]:
+        walk = await index.nearest(ask(hidden, False))
+        reference = await index.nearest(ask(hidden, True))
+        assert not {t for t, _ in walk} & set(hidden)
+        # the same similarities at every rank (the filler repeats: ties may swap keys)
+        assert len(walk) == len(reference) == 10
+        for got, want in zip(walk.values(), reference.values(), strict=True):
+            assert math.isclose(got, want, abs_tol=1e-5)
+        return walk
+
+    walk = await check(["private"])
+    assert next(iter(walk)) == ("t0", 25)
+    assert (index.post_filtered, index.refiltered) == (1, 0)
+
+    # the hidden copies outnumber what the post-filter asks for: walked again, still right
+    share = 1 / 13  # one hidden thread among 13 of about as many points
+    crowd = over_fetch(10, share) + 5
+    await index.upsert([VectorRow("acc", "ag", "private", o, vectors[-1]) for o in range(crowd)])
+    walk = await check(["private"])
+    assert next(iter(walk)) == ("t0", 25)
+    assert (index.post_filtered, index.refiltered) == (2, 1)
+    # remembered: the next search with the same hidden threads keeps the condition at once
+    assert next(iter(await check(["private"]))) == ("t0", 25)
+    assert (index.post_filtered, index.refiltered) == (2, 1)
+
+    # most points hidden (the caller owns two threads of 13): the condition from the start
+    mine = {"t0", "t1"}
+    walk = await check(sorted({f"t{t}" for t in range(12)} - mine | {"private"}))
+    assert {t for t, _ in walk} <= mine
+    assert (index.post_filtered, index.refiltered) == (2, 1)
+    await index.close()
+
+
 async def test_the_vector_loop_builds_the_graphs_and_searches_find_the_same(
     chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
 ) -> None:
