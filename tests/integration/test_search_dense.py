@@ -50,11 +50,14 @@ PARAPHRASE = "Which dog joined the household recently?"  # shares no term with E
 def dense_store(
     chdb_engine: ChdbEngine, embedder: CachingEmbedder, vector_root: Path | None
 ) -> MessageStore:
+    """The ClickHouse scan with the posting lists; or, as ``memstream up`` embeds it, the
+    vector index with the lexical index beside it (BM25 and the hits' text from Tantivy)."""
     return MessageStore(
         chdb_engine,
         database=f"t_{uuid.uuid4().hex[:12]}",
         embedder=embedder,
         vector_root=vector_root,
+        index_root=None if vector_root is None else vector_root.parent / "lexical",
     )
 
 
@@ -87,7 +90,9 @@ async def test_paraphrase_found_by_dense_side_only(
 ) -> None:
     await dense_store.ensure_schema()
     await _conversation(dense_store)
-    lexical = MessageStore(dense_store.engine, dense_store.database)
+    lexical = MessageStore(
+        dense_store.engine, dense_store.database, index_root=dense_store.index_root
+    )
     assert ("conv", 24) not in await search(lexical, query=PARAPHRASE, limit=5)
     # before the vector step ran, the dense side has nothing: BM25's answer, never an error
     assert await search(dense_store, query=PARAPHRASE, limit=5) == await search(
@@ -551,3 +556,26 @@ async def test_dense_candidates_get_the_bm25_their_lexical_hit_has(
         assert got.content == h.content and got.explain["length"] == h.explain["length"]
         # BM25 before the proximity bonus, which only the lexical list applies
         assert math.isclose(got.relevance, float(str(h.explain["bm25"])), rel_tol=1e-6), h.content
+
+
+async def test_a_dense_candidate_without_a_term_still_shows_its_text(
+    dense_store: MessageStore,
+) -> None:
+    """A message with no term (punctuation only) is no document of the lexical index, yet
+    the dense side may bring it: its text is read from ClickHouse, with BM25 0; the others
+    come with their BM25 as their lexical hits have it."""
+    await dense_store.ensure_schema()
+    await _conversation(dense_store)
+    await project(dense_store, [m("conv", 25, "assistant", "?!")])
+    spec = build_search_spec(Caller("acc", "ag", None), "beagle shelter")
+    (top, *_) = await dense_store.lexical_search(replace(spec, limit=50, explain=True))
+    assert (top.thread_id, top.offset) == ("conv", 24)
+    got = await dense_store._hits_at(  # noqa: SLF001 - the dense candidates' scoring
+        spec, [("conv", 25), ("conv", 24), ("conv", 99)], top.explain
+    )
+    assert set(got) == {("conv", 25), ("conv", 24)}  # no message at offset 99
+    assert (got[("conv", 25)].content, got[("conv", 25)].relevance) == ("?!", 0.0)
+    assert got[("conv", 25)].role == "assistant"
+    assert got[("conv", 24)].content == EVIDENCE
+    assert top.explain is not None
+    assert math.isclose(got[("conv", 24)].relevance, float(str(top.explain["bm25"])), rel_tol=1e-6)

@@ -19,8 +19,10 @@ from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.lexical_index import (
     CANDIDATES,
     FILLING,
+    LAYOUT,
     IndexQuery,
     close_indexes,
+    document_terms,
 )
 from memstream.projections.messages.postings import POSTINGS_TABLE, POSTINGS_VIEW
 from memstream.projections.messages.sql import SearchSpec, query_words
@@ -178,6 +180,71 @@ async def test_erasure_removes_the_thread_from_the_index(indexed_store: MessageS
     await indexed_store.erase_threads([("acc", "ag", "a")])
     assert await search(indexed_store, u1, query="narwhal") == [("b", 0)]
     assert await search(indexed_store, u1, query="secret") == []
+    index = indexed_store.lexical_index()
+    assert index is not None  # nor is its stored text read back by key
+    docs = await index.documents("acc", "ag", ["acc/ag/a/0", "acc/ag/b/0"], [])
+    assert [(d.thread_id, d.record.content) for d in docs] == [("b", "narwhal facts")]
+
+
+async def test_hits_show_the_text_stored_with_the_index(indexed_store: MessageStore) -> None:
+    """A search reads its hits' id, role and text from the index's documents, not from
+    ClickHouse: with ``message_text`` emptied behind its back, the hits still show them.
+    Read back by key, a document gives the same, never from another agent or from a
+    thread the caller may not read."""
+    await project(
+        indexed_store,
+        [
+            m("t", 0, "user", "The otter \x1f holds a stone"),
+            m("t", 1, "assistant", "Otters do that", user=None),
+            m("p", 0, "user", "my otter diary", user="alice"),
+            m("t", 0, "user", "otter elsewhere", agent="other"),
+        ],
+    )
+    await indexed_store.engine.command(
+        f"ALTER TABLE {indexed_store.database}.message_text DELETE WHERE 1 "
+        "SETTINGS mutations_sync = 2"
+    )
+    spec = SearchSpec("acc", "ag", None, query_words("otter"), 10)
+    hits = {(h.thread_id, h.offset): h for h in await indexed_store.lexical_search(spec)}
+    assert set(hits) == {("t", 0), ("t", 1)}
+    assert (hits[("t", 0)].role, hits[("t", 0)].content) == ("user", "The otter \x1f holds a stone")
+    assert (hits[("t", 1)].role, hits[("t", 1)].content) == ("assistant", "Otters do that")
+    assert hits[("t", 0)].message_id == m("t", 0, "user", "").message_id
+    index = indexed_store.lexical_index()
+    assert index is not None
+    keys = ["acc/ag/t/0", "acc/ag/p/0", "acc/other/t/0"]
+    docs = await index.documents("acc", "ag", keys, ["acc/ag/p"])
+    assert [(d.thread_id, d.offset, d.record.content) for d in docs] == [
+        ("t", 0, "The otter \x1f holds a stone")
+    ]
+    assert docs[0].terms == document_terms("The otter \x1f holds a stone")
+
+
+async def test_an_index_of_an_older_layout_is_filled_again_at_start(
+    chdb_engine: ChdbEngine, tmp_path: Path
+) -> None:
+    """An index written before the documents held their text (no ``layout`` file, or
+    another number in it) is emptied when opened and filled again from the stored rows:
+    after the start, the same hits with their text."""
+    root = tmp_path / "tv"
+    store = MessageStore(chdb_engine, f"t_{uuid.uuid4().hex[:12]}", index_root=root)
+    await store.ensure_schema()
+    await project(store, _corpus(random.Random(3))[:200])
+    before = await store.lexical_search(SearchSpec("acc", "ag", None, query_words("w7"), 20))
+    assert before
+    await close_indexes(root)
+    layout = root / store.database / "layout"
+    assert layout.read_text().strip() == str(LAYOUT)
+    layout.write_text("1\n")
+    again = MessageStore(chdb_engine, store.database, index_root=root)
+    index = again.lexical_index()
+    assert index is not None and index.filling and await index.count() == 0
+    await again.ensure_schema()
+    assert not index.filling and await index.count() == 200
+    assert layout.read_text().strip() == str(LAYOUT)
+    after = await again.lexical_search(SearchSpec("acc", "ag", None, query_words("w7"), 20))
+    assert after == before
+    await close_indexes(root)
 
 
 async def test_an_index_is_filled_at_start_and_again_after_an_interrupted_fill(

@@ -397,7 +397,8 @@ LIMIT {VECTOR_FILL_BATCH}""",
             while True:
                 table = await self.engine.arrow(
                     f"""SELECT account_id, agent_id, thread_id, `offset`,
-       toUnixTimestamp64Milli(created_at) AS created_ms, arrayStringConcat(terms, ' ') AS body
+       toUnixTimestamp64Milli(created_at) AS created_ms, arrayStringConcat(terms, ' ') AS body,
+       content, message_id, role
 FROM {db}.messages
 WHERE (account_id, agent_id, thread_id, `offset`) > ({{a:String}}, {{g:String}}, {{t:String}}, {{o:Int64}})
 ORDER BY account_id, agent_id, thread_id, `offset`
@@ -408,12 +409,22 @@ LIMIT {INDEX_FILL_BATCH}""",
                     return
                 cols = [
                     table.column(c).to_pylist()
-                    for c in ("account_id", "agent_id", "thread_id", "offset", "created_ms", "body")
+                    for c in (
+                        "account_id",
+                        "agent_id",
+                        "thread_id",
+                        "offset",
+                        "created_ms",
+                        "body",
+                        "content",
+                        "message_id",
+                        "role",
+                    )
                 ]
                 out = []
-                for a, g, t, o, ms, body in zip(*cols, strict=True):
+                for a, g, t, o, ms, body, text, mid, role in zip(*cols, strict=True):
                     if (a, g, t, o) != after:
-                        out.append(IndexRow(a, g, t, o, ms, "", body))
+                        out.append(IndexRow(a, g, t, o, ms, text, body, mid, role))
                         after = (a, g, t, o)
                 yield out
 
@@ -904,15 +915,42 @@ LIMIT {INDEX_FILL_BATCH}""",
         stats: dict[str, object] | None,
     ) -> dict[tuple[str, int], SearchHit]:
         """The messages at ``keys``, each with its BM25 (relevance) computed from the
-        query's term statistics ``stats`` (a BM25 hit's explain parts; None: no visible
-        message holds a query term, so every BM25 is 0). Their text by point reads from
-        ``message_text`` where it is there, analysed here (the stored ``terms``' analysis,
-        :func:`~.lexical_index.document_terms`: ~5 µs a message, where reading ``messages``
-        by key costs 7-18 ms a statement); else ``messages`` with its ``terms``."""
-        if await self._has_text():
-            rows = [(*r, document_terms(str(r[4]))) for r in await self._text_at(spec, keys)]
-        else:
-            rows = await self.engine.rows(
+        query's terms' df in ``stats`` (a BM25 hit's explain parts; None: no visible
+        message holds a query term, so every BM25 is 0) and the agent's statistics
+        (:meth:`collection_stats`, as BM25's list used them). Their text and terms from the
+        lexical index's documents where it is there (~1-2 ms for 50 keys); the keys it lacks
+        (a message without a term) by point reads from ``message_text``, analysed here (the
+        stored ``terms``' analysis, :func:`~.lexical_index.document_terms`: ~5 µs a message,
+        where reading ``messages`` by key costs 7-18 ms a statement); else ``messages`` with
+        its ``terms``."""
+        rows: list[Row] = []
+        index = self.lexical_index()
+        if index is not None and not index.filling:
+            hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
+            docs = await index.documents(
+                spec.account_id,
+                spec.agent_id,
+                [text_key(spec.account_id, spec.agent_id, t, o) for t, o in keys],
+                hidden,
+            )
+            rows = [
+                (
+                    d.thread_id,
+                    d.record.message_id,
+                    d.offset,
+                    d.record.role,
+                    d.record.content,
+                    d.created_ms,
+                    d.terms,
+                )
+                for d in docs
+            ]
+            found = {(d.thread_id, d.offset) for d in docs}
+            keys = [k for k in keys if k not in found]
+        if keys and await self._has_text():
+            rows += [(*r, document_terms(str(r[4]))) for r in await self._text_at(spec, keys)]
+        elif keys:
+            rows += await self.engine.rows(
                 messages_by_key_sql(self.database),
                 {
                     "account_id": spec.account_id,
@@ -921,6 +959,8 @@ LIMIT {INDEX_FILL_BATCH}""",
                     "offsets": [k[1] for k in keys],
                 },
             )
+        # the agent's statistics as BM25's list used them (cached), unrounded
+        n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
         out = {}
         for thread_id, message_id, offset, role, content, created_ms, stored_terms in rows:
             terms = _strings(stored_terms)
@@ -932,9 +972,9 @@ LIMIT {INDEX_FILL_BATCH}""",
                 score = bm25_of(
                     tfs,
                     [float(per_term[w]["df"]) for w in spec.words],
-                    float(str(stats["messages"])),
+                    n_docs,
                     len(terms),
-                    float(str(stats["average_length"])),
+                    avg_len,
                     BM25_K1,
                     BM25_B,
                 )
@@ -957,11 +997,17 @@ LIMIT {INDEX_FILL_BATCH}""",
         return out
 
     async def _index_best(
-        self, index: LexicalIndex, spec: SearchSpec, stats: tuple[float, float], k: int
+        self,
+        index: LexicalIndex,
+        spec: SearchSpec,
+        stats: tuple[float, float],
+        k: int,
+        texts: dict[tuple[str, int], Row],
     ) -> tuple[list[Candidate], list[int]]:
         """BM25's best ``k`` from the lexical index: Tantivy's candidates re-scored with the
         same statistics (:meth:`~.lexical_index.LexicalIndex.best`), the caller's hidden
-        threads filtered out inside the query."""
+        threads filtered out inside the query; their stored text into ``texts`` (rows as
+        :meth:`_text_at` gives them)."""
         hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
         found = await index.best(
             IndexQuery(
@@ -975,6 +1021,16 @@ LIMIT {INDEX_FILL_BATCH}""",
                 (BM25_K1, BM25_B),
             )
         )
+        for h in found.hits:
+            r = h.record
+            texts[(h.thread_id, h.offset)] = (
+                h.thread_id,
+                r.message_id,
+                h.offset,
+                r.role,
+                r.content,
+                h.created_ms,
+            )
         return [
             (
                 h.thread_id,
@@ -1093,8 +1149,9 @@ LIMIT {INDEX_FILL_BATCH}""",
         n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
         k = max(RERANK_WINDOW, spec.limit)
         index = self.lexical_index()
+        texts: dict[tuple[str, int], Row] = {}
         if index is not None and not index.filling:
-            candidates, dfs = await self._index_best(index, spec, (n_docs, avg_len), k)
+            candidates, dfs = await self._index_best(index, spec, (n_docs, avg_len), k, texts)
         elif index is None or await self._has_postings():
             candidates, dfs = await self._posting_best(spec, (n_docs, avg_len), k)
         else:  # a lost or interrupted index of a database without posting lists
@@ -1111,12 +1168,17 @@ LIMIT {INDEX_FILL_BATCH}""",
         )
         if not ranked:
             return []
-        # the text of the rows returned only (the scoring reads postings)
-        stored = {
-            (str(t), int(str(o))): (str(mid), str(role), str(content))
-            for t, mid, o, role, content, _ms in await self._text_at(
-                spec, [(r.thread_id, r.offset) for r in ranked]
+        # the text of the rows returned only: stored with the lexical index's documents, or
+        # read from ClickHouse (the posting lists hold none)
+        keys = [(r.thread_id, r.offset) for r in ranked]
+        if not all(key in texts for key in keys):
+            texts.update(
+                ((str(row[0]), int(str(row[2]))), row) for row in await self._text_at(spec, keys)
             )
+        stored = {
+            key: (str(texts[key][1]), str(texts[key][3]), str(texts[key][4]))
+            for key in keys
+            if key in texts
         }
         out = []
         for r in ranked:
@@ -1311,11 +1373,11 @@ def _index_rows(messages: pa.Table) -> list[IndexRow]:
     created = pc.cast(messages.column("created_at"), pa.int64()).to_pylist()
     cols = [
         messages.column(c).to_pylist()
-        for c in ("account_id", "agent_id", "thread_id", "offset", "content")
+        for c in ("account_id", "agent_id", "thread_id", "offset", "content", "message_id", "role")
     ]
     return [
-        IndexRow(a, g, t, o, ms, c)
-        for (a, g, t, o, c), ms in zip(zip(*cols, strict=True), created, strict=True)
+        IndexRow(a, g, t, o, ms, c, None, mid, role)
+        for (a, g, t, o, c, mid, role), ms in zip(zip(*cols, strict=True), created, strict=True)
     ]
 
 
