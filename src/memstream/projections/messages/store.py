@@ -802,13 +802,21 @@ LIMIT {INDEX_FILL_BATCH}""",
         spec: SearchSpec,
         lexical: Sequence[SearchHit],
         dense: dict[tuple[str, int], float],
+        rows: Sequence[Row] | None = None,
     ) -> dict[tuple[str, int], SearchHit]:
-        """The dense side's candidates BM25's list lacks, with their BM25 (:meth:`_hits_at`)."""
+        """The dense side's candidates BM25's list lacks, with their BM25 (:meth:`_hits_at`;
+        ``rows``: :meth:`_rows_at` of the dense side's keys, already read)."""
         in_lexical = {(h.thread_id, h.offset) for h in lexical}
         missing = [k for k in dense if k not in in_lexical]
         if not missing:
             return {}
-        got = await self._hits_at(spec, missing, lexical[0].explain if lexical else None)
+        stats = lexical[0].explain if lexical else None
+        if rows is None:
+            got = await self._hits_at(spec, missing, stats)
+        else:
+            wanted = set(missing)
+            kept = [r for r in rows if (str(r[0]), int(str(r[2]))) in wanted]
+            got = await self._scored(spec, kept, stats)
         # in the dense side's order, whatever order the rows came in: the fusion keeps it
         # among equal scores
         return {k: got[k] for k in missing if k in got}
@@ -825,21 +833,28 @@ LIMIT {INDEX_FILL_BATCH}""",
         BM25's candidates, BM25's hits, the dense list's others with their BM25).
 
         Each step starts as soon as what it needs is there: the query's embedding (with the
-        caller's hidden threads) beside BM25; the walk once the vector is there; the
-        similarity of BM25's candidates (an exact scan of at most DENSE_WINDOW points by
-        id) once both are, beside the walk; the others' BM25 once the walk is done."""
+        caller's hidden threads) beside BM25; the walk once the vector is there, and the
+        text and terms of the messages it found right after it (beside BM25 if that is
+        still running); the similarity of BM25's candidates (an exact scan of at most
+        DENSE_WINDOW points by id) once the vector and BM25's list are there; the others'
+        BM25 (arithmetic on the rows read) once all is."""
         assert self.embedder is not None
         embedding = asyncio.ensure_future(
             asyncio.gather(self.embedder.embed_query([spec.text]), self._hidden_thread_ids(spec))
         )
         bm25 = asyncio.ensure_future(self.lexical_search(wide))
         pending: list[asyncio.Future[Any]] = [embedding, bm25]
+
+        async def walk_then_rows(
+            vector: Sequence[float], hidden: Sequence[str]
+        ) -> tuple[dict[tuple[str, int], float], list[Row]]:
+            nearest = await index.nearest(self._dense_query(spec, vector, hidden, DENSE_WINDOW))
+            return nearest, await self._rows_at(spec, list(nearest))
+
         try:
             embedded, hidden = await embedding
             vector = embedded[0]
-            walk = asyncio.ensure_future(
-                index.nearest(self._dense_query(spec, vector, hidden, DENSE_WINDOW))
-            )
+            walk = asyncio.ensure_future(walk_then_rows(vector, hidden))
             pending.append(walk)
             lexical = await bm25
             keys = [(h.thread_id, h.offset) for h in lexical]
@@ -847,8 +862,8 @@ LIMIT {INDEX_FILL_BATCH}""",
                 index.nearest(self._dense_query(spec, vector, hidden, 0, keys))
             )
             pending.append(similarities)
-            nearest = await walk
-            others = await self._others(spec, lexical, nearest)
+            nearest, rows = await walk
+            others = await self._others(spec, lexical, nearest, rows)
             return nearest, await similarities, lexical, others
         finally:
             for f in pending:  # a step failed or the search was cancelled: none left running
@@ -917,12 +932,17 @@ LIMIT {INDEX_FILL_BATCH}""",
         """The messages at ``keys``, each with its BM25 (relevance) computed from the
         query's terms' df in ``stats`` (a BM25 hit's explain parts; None: no visible
         message holds a query term, so every BM25 is 0) and the agent's statistics
-        (:meth:`collection_stats`, as BM25's list used them). Their text and terms from the
-        lexical index's documents where it is there (~1-2 ms for 50 keys); the keys it lacks
-        (a message without a term) by point reads from ``message_text``, analysed here (the
-        stored ``terms``' analysis, :func:`~.lexical_index.document_terms`: ~5 µs a message,
-        where reading ``messages`` by key costs 7-18 ms a statement); else ``messages`` with
-        its ``terms``."""
+        (:meth:`collection_stats`, as BM25's list used them): :meth:`_rows_at`, then
+        :meth:`_scored`."""
+        return await self._scored(spec, await self._rows_at(spec, keys), stats)
+
+    async def _rows_at(self, spec: SearchSpec, keys: Sequence[tuple[str, int]]) -> list[Row]:
+        """Rows thread_id, message_id, offset, role, content, created_ms, terms of the
+        messages at ``keys`` the caller may see. From the lexical index's documents where
+        it is there (~1-2 ms for 50 keys); the keys it lacks (a message without a term) by
+        point reads from ``message_text``, analysed here (the stored ``terms``' analysis,
+        :func:`~.lexical_index.document_terms`: ~5 µs a message, where reading ``messages``
+        by key costs 7-18 ms a statement); else ``messages`` with its ``terms``."""
         rows: list[Row] = []
         index = self.lexical_index()
         if index is not None and not index.filling:
@@ -959,6 +979,12 @@ LIMIT {INDEX_FILL_BATCH}""",
                     "offsets": [k[1] for k in keys],
                 },
             )
+        return rows
+
+    async def _scored(
+        self, spec: SearchSpec, rows: Sequence[Row], stats: dict[str, object] | None
+    ) -> dict[tuple[str, int], SearchHit]:
+        """:meth:`_rows_at`'s rows as hits with their BM25 (see :meth:`_hits_at`)."""
         # the agent's statistics as BM25's list used them (cached), unrounded
         n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
         out = {}
