@@ -938,7 +938,8 @@ LIMIT {INDEX_FILL_BATCH}""",
 
     async def _rows_at(self, spec: SearchSpec, keys: Sequence[tuple[str, int]]) -> list[Row]:
         """Rows thread_id, message_id, offset, role, content, created_ms, terms of the
-        messages at ``keys`` the caller may see. From the lexical index's documents where
+        messages at ``keys`` (the dense side's, which only lists what the caller may see;
+        the lexical index drops the caller's hidden threads again). From its documents where
         it is there (~1-2 ms for 50 keys); the keys it lacks (a message without a term) by
         point reads from ``message_text``, analysed here (the stored ``terms``' analysis,
         :func:`~.lexical_index.document_terms`: ~5 µs a message, where reading ``messages``
