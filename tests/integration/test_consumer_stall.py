@@ -195,6 +195,31 @@ async def test_a_poll_that_never_returns_gets_a_new_consumer(rig: Rig) -> None:
     assert rig.client is not old
 
 
+async def test_a_commit_that_never_returns_gets_a_new_consumer(rig: Rig) -> None:
+    """As the chaos suite saw after a broker ``kill -9``: aiokafka's commit waiting for good
+    on a coordinator lookup. The processor gets a new consumer, and what it handled is
+    committed again, so its lag comes back to 0 instead of holding for good."""
+    await rig.send(10)
+    await rig.all_handled(30, "first records")
+    old = rig.client
+
+    async def hangs(*args: object, **kwargs: object) -> object:
+        await asyncio.Event().wait()  # as a coordinator lookup that never ends
+        raise AssertionError("unreachable")
+
+    rig.consumer._poll_stuck_s = STALL_S  # the bound, shortened as for a poll above
+    old.commit = hangs
+    await rig.send(10)
+    await rig.all_handled(30, "records behind a commit that never returns")
+    async with asyncio.timeout(60):  # the rebuild replaces it once the old one is closed
+        while rig.client is old:
+            await asyncio.sleep(0.05)
+    assert stalls(rig.metrics, "rebuild") >= 1
+    async with asyncio.timeout(60):  # committed up to the end: lag 0 again
+        while await rig.client.committed(rig.tp) != len(rig.sent):
+            await asyncio.sleep(0.1)
+
+
 async def test_a_processor_waiting_for_its_store_is_not_a_stall(rig: Rig) -> None:
     rig.proc.down_until = asyncio.get_running_loop().time() + STALL_S * 4
     await rig.send(10)
