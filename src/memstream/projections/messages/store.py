@@ -47,6 +47,7 @@ from memstream.projections.messages.lexical_index import (
     IndexQuery,
     IndexRow,
     LexicalIndex,
+    StoredMessage,
     close_indexes,
     document_terms,
     drop_index,
@@ -1029,12 +1030,11 @@ LIMIT {INDEX_FILL_BATCH}""",
         spec: SearchSpec,
         stats: tuple[float, float],
         k: int,
-        texts: dict[tuple[str, int], Row],
+        texts: dict[tuple[str, int], StoredMessage],
     ) -> tuple[list[Candidate], list[int]]:
         """BM25's best ``k`` from the lexical index: Tantivy's candidates re-scored with the
         same statistics (:meth:`~.lexical_index.LexicalIndex.best`), the caller's hidden
-        threads filtered out inside the query; their stored text into ``texts`` (rows as
-        :meth:`_text_at` gives them)."""
+        threads filtered out inside the query; their stored messages into ``texts``."""
         hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
         found = await index.best(
             IndexQuery(
@@ -1048,16 +1048,7 @@ LIMIT {INDEX_FILL_BATCH}""",
                 (BM25_K1, BM25_B),
             )
         )
-        for h in found.hits:
-            r = h.record
-            texts[(h.thread_id, h.offset)] = (
-                h.thread_id,
-                r.message_id,
-                h.offset,
-                r.role,
-                r.content,
-                h.created_ms,
-            )
+        texts.update(((h.thread_id, h.offset), h.record) for h in found.hits)
         return [
             (
                 h.thread_id,
@@ -1176,7 +1167,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         n_docs, avg_len = await self.collection_stats(spec.account_id, spec.agent_id)
         k = max(RERANK_WINDOW, spec.limit)
         index = self.lexical_index()
-        texts: dict[tuple[str, int], Row] = {}
+        texts: dict[tuple[str, int], StoredMessage] = {}
         if index is not None and not index.filling:
             candidates, dfs = await self._index_best(index, spec, (n_docs, avg_len), k, texts)
         elif index is None or await self._has_postings():
@@ -1200,19 +1191,14 @@ LIMIT {INDEX_FILL_BATCH}""",
         keys = [(r.thread_id, r.offset) for r in ranked]
         if not all(key in texts for key in keys):
             texts.update(
-                ((str(row[0]), int(str(row[2]))), row) for row in await self._text_at(spec, keys)
+                ((str(t), int(str(o))), StoredMessage(str(mid), str(role), str(content)))
+                for t, mid, o, role, content, _ms in await self._text_at(spec, keys)
             )
-        stored = {
-            key: (str(texts[key][1]), str(texts[key][3]), str(texts[key][4]))
-            for key in keys
-            if key in texts
-        }
         out = []
         for r in ranked:
-            row = stored.get((r.thread_id, r.offset))
-            if row is None:  # erased between the two queries
+            record = texts.get((r.thread_id, r.offset))
+            if record is None:  # erased between the two queries
                 continue
-            message_id, role, content = row
             explain: dict[str, object] | None = None
             if spec.explain:
                 explain = {
@@ -1229,10 +1215,10 @@ LIMIT {INDEX_FILL_BATCH}""",
             out.append(
                 SearchHit(
                     thread_id=r.thread_id,
-                    message_id=message_id,
+                    message_id=record.message_id,
                     offset=r.offset,
-                    role=role,
-                    content=content,
+                    role=record.role,
+                    content=record.content,
                     created_at=datetime.fromtimestamp(r.created_ms / 1000, tz=UTC),
                     relevance=r.relevance,
                     explain=explain,
@@ -1403,7 +1389,7 @@ def _index_rows(messages: pa.Table) -> list[IndexRow]:
         for c in ("account_id", "agent_id", "thread_id", "offset", "content", "message_id", "role")
     ]
     return [
-        IndexRow(a, g, t, o, ms, c, None, mid, role)
+        IndexRow(a, g, t, o, ms, c, message_id=mid, role=role)
         for (a, g, t, o, c, mid, role), ms in zip(zip(*cols, strict=True), created, strict=True)
     ]
 

@@ -383,32 +383,34 @@ class VectorIndex:
         return share
 
     def _estimate_share(self, shard: EdgeShard, q: DenseQuery) -> float:
-        agent = _agent_filter(q.account_id, q.agent_id)
-        total = shard.count(CountRequest(exact=False, filter=Filter(must=agent)))
+        total = self._count_blocking(q.account_id, q.agent_id)
         if not total:
             return 1.0
         hidden = FieldCondition("thread_id", match=MatchAny(list(q.hidden_threads)))
-        flt = Filter(must=[*agent, hidden])
+        flt = Filter(must=[*_agent_filter(q.account_id, q.agent_id), hidden])
         return min(1.0, shard.count(CountRequest(exact=False, filter=flt)) / total)
+
+    @staticmethod
+    def _query(
+        shard: EdgeShard, vector: list[float], limit: int, flt: Filter, params: SearchParams
+    ) -> list[Any]:
+        """The ``limit`` points nearest ``vector`` among those ``flt`` lets through."""
+        return list(
+            shard.query(
+                QueryRequest(
+                    limit=limit,
+                    query=Query.Nearest(vector, using=DENSE),
+                    filter=flt,
+                    params=params,
+                    with_payload=True,
+                )
+            )
+        )
 
     def _nearest_hits(self, shard: EdgeShard, q: DenseQuery, vector: list[float]) -> list[Any]:
         """The ``k`` nearest visible points of ``q``: a walk or a scan with every condition,
         or a post-filtered walk (module docstring, "Privacy in the query")."""
         params = self._params(q)
-
-        def ask(limit: int, flt: Filter, params: SearchParams = params) -> list[Any]:
-            return list(
-                shard.query(
-                    QueryRequest(
-                        limit=limit,
-                        query=Query.Nearest(vector, using=DENSE),
-                        filter=flt,
-                        params=params,
-                        with_payload=True,
-                    )
-                )
-            )
-
         limit = self.post_filter_max_hidden
         if q.hidden_threads and params is not EXACT and limit is not None:
             share = self._hidden_share(shard, q)
@@ -416,13 +418,14 @@ class VectorIndex:
                 self.post_filtered += 1
                 hidden = set(q.hidden_threads)
                 wider = self._walk(self.post_filter_ef)
-                got = ask(over_fetch(q.k, share), query_filter(q, hidden=False), wider)
+                flt = query_filter(q, hidden=False)
+                got = self._query(shard, vector, over_fetch(q.k, share), flt, wider)
                 visible = [h for h in got if str((h.payload or {})["thread_id"]) not in hidden]
                 if len(visible) >= q.k:
                     return visible[: q.k]
                 self.refiltered += 1  # the next walks with this list keep the condition
                 self._shares[self._share_key(q)] = (time.monotonic(), 1.0)
-        return ask(q.k, query_filter(q))
+        return self._query(shard, vector, q.k, query_filter(q), params)
 
     def nearest_blocking(self, q: DenseQuery) -> dict[tuple[str, int], float]:
         """``{(thread_id, offset): cosine similarity}`` of the ``k`` nearest visible messages
@@ -440,16 +443,8 @@ class VectorIndex:
             ids: set[int | uuid.UUID | str] = {
                 point_id(q.account_id, q.agent_id, t, o) for t, o in q.keys
             }
-            keyed = shard.query(
-                QueryRequest(
-                    limit=len(ids),
-                    query=Query.Nearest(vector, using=DENSE),
-                    filter=Filter(must=[HasIdCondition(ids), query_filter(q)]),
-                    params=EXACT,
-                    with_payload=True,
-                )
-            )
-            for h in keyed:
+            flt = Filter(must=[HasIdCondition(ids), query_filter(q)])
+            for h in self._query(shard, vector, len(ids), flt, EXACT):
                 p = h.payload or {}
                 out[(str(p["thread_id"]), int(p["offset"]))] = float(h.score)
         return by_similarity(out)
