@@ -39,7 +39,9 @@ fill or build: only the queries).
      ``post_filter_max_hidden`` None: no post-filter, the walk before it); ``float32``, the
      walk on the float32 vectors (the index's ``tuning.oversampling`` None: the int8 copy
      unused); ``all-cores``, the query's embedding on every core (the embedder's
-     ``query_threads``; one is the default);
+     ``query_threads``; one is the default); ``by-key``, BM25 keeping the caller's hidden
+     threads out by their thread keys (the lexical index's ``by_readers`` False: a term set
+     of their keys, as before layout 3), and also ``BM25 only`` that way;
    - ``search, dense via ClickHouse``: ``search(spec)`` of a second store on the same
      engine, database and lexical index without ``vector_root`` (the SQL scan of
      ``message_vectors``: the "before"), on the first ``--clickhouse-queries`` queries only;
@@ -90,7 +92,9 @@ INDEX = "search, dense via vector index"
 FLOAT_WALK = "search, dense via vector index, float32 walk"
 ALL_CORES = "search, dense via vector index, query embedded on every core"
 IN_WALK = "search, dense via vector index, hidden threads in the walk"
-COMPARED = {"in-walk": IN_WALK, "float32": FLOAT_WALK, "all-cores": ALL_CORES}
+BY_KEY = "search, dense via vector index, BM25's hidden threads by key"
+COMPARED = {"in-walk": IN_WALK, "float32": FLOAT_WALK, "all-cores": ALL_CORES, "by-key": BY_KEY}
+BM25_BY_KEY = "BM25 only, hidden threads by key"
 CLICKHOUSE = "search, dense via ClickHouse"
 BM25 = "BM25 only (lexical_search)"
 EMBED = "query embedding (model call)"
@@ -320,9 +324,12 @@ async def run(
         return [(h.thread_id, h.offset) for h in await store.lexical_search(spec)]
 
     compared = [COMPARED[c] for c in args.compare]
+    bm25_compared = [BM25_BY_KEY] if BY_KEY in compared else []
     times: dict[str, list[float]] = {
-        p: [] for p in (INDEX, *compared, CLICKHOUSE, BM25, EMBED, DENSE)
+        p: [] for p in (INDEX, *compared, CLICKHOUSE, BM25, *bm25_compared, EMBED, DENSE)
     }
+    lexical = store.lexical_index()
+    assert lexical is not None
     served = index.tuning
 
     async def all_cores(spec: SearchSpec) -> list[Key]:
@@ -350,6 +357,15 @@ async def run(
         finally:
             index.post_filter_max_hidden = post
 
+    async def by_key(
+        spec: SearchSpec, run: Callable[[SearchSpec], Awaitable[list[Key]]]
+    ) -> list[Key]:
+        lexical.by_readers = False  # a term set of the hidden threads' keys
+        try:
+            return await run(spec)
+        finally:
+            lexical.by_readers = True
+
     async def embed_then_dense(spec: SearchSpec) -> list[Key]:
         t = time.perf_counter()
         (vector,) = await embedder.embed_query([spec.text])
@@ -363,12 +379,15 @@ async def run(
         ALL_CORES: all_cores,
         FLOAT_WALK: float_walk,
         IN_WALK: in_walk,
+        BY_KEY: lambda spec: by_key(spec, lambda s: hits(store, s)),
+        BM25_BY_KEY: lambda spec: by_key(spec, bm25),
     }
     paths: dict[str, Callable[[SearchSpec], Awaitable[list[Key]]]] = {
         INDEX: product,
         **{name: by_name[name] for name in compared},
         CLICKHOUSE: lambda spec: hits(before, spec),
         BM25: bm25,
+        **{name: by_name[name] for name in bm25_compared},
         EMBED: embed_then_dense,
     }
     total = args.warmup + args.queries
@@ -396,6 +415,8 @@ async def run(
                 times[name].append((time.perf_counter() - t) * 1000)
         for name in compared:
             same_as[name] += got[INDEX] == got[name]
+        if bm25_compared:
+            same_as[BM25_BY_KEY] = same_as.get(BM25_BY_KEY, 0) + (got[BM25] == got[BM25_BY_KEY])
         if CLICKHOUSE in got:
             asked_both += 1
             same += got[INDEX] == got[CLICKHOUSE]
@@ -436,7 +457,8 @@ async def run(
     )
     for name, n_same in same_as.items():
         print(
-            f"'{name}' gave the served path's ten hits in the same order for {n_same} of "
+            f"'{name}' gave {'BM25 only' if name == BM25_BY_KEY else 'the served path'}'s ten "
+            f"hits in the same order for {n_same} of "
             f"{args.queries} queries"
         )
     if asked_both:

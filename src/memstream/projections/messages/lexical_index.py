@@ -13,6 +13,12 @@ re-scores them with the project's own statistics (df over what the caller may se
 agent's message count and average length), so scores never carry a statistic of text the
 caller may not read (docs/transcript-search.md, "Who sees what").
 
+Who may read a document is in the document: its ``readers`` terms (:func:`reader_tags`:
+``p`` for a thread without users, ``u:<user>`` for each user of a private one, as
+``thread_users`` holds them), so a search keeps what its caller may read with one more
+posting list instead of excluding the hidden threads' keys (a term set of 1,000 thread
+keys is rebuilt on every one of a search's 3-4 searches: half of BM25's time at 1M).
+
 Guarantees:
 
 - :meth:`LexicalIndex.upsert` is idempotent (delete by key, then add): a redelivered or
@@ -30,6 +36,13 @@ Guarantees:
   returns once committed and reloaded, so a search started after it sees it).
 - An index of an older layout (:data:`LAYOUT`, in the directory's ``layout`` file) is
   emptied when opened and filled again from ClickHouse, like a lost one.
+- Every document of a thread carries the thread's readers as of its last write:
+  :meth:`LexicalIndex.retag` (called for each thread a batch gives an owner, before the
+  batch's messages are added) rewrites a thread's documents whose readers differ, on the
+  writer's thread, from what the index holds (so a retry after a crash repairs what a lost
+  retag left); while the index is filling it is queued and applied before the fill ends.
+  A search still checks its candidates against the caller's hidden threads and, should
+  one slip through, searches again with them excluded by key (:attr:`IndexResult.stale`).
 """
 
 from __future__ import annotations
@@ -66,9 +79,12 @@ READ_THREADS: Final = 2
 commit of the projector's batch (~12 ms) or for another search."""
 _TOKEN: Final = re.compile(r"[^\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")
 """A token: a run of what :func:`~memstream.projections.analyzer.tokens` does not split on."""
-LAYOUT: Final = 2
-"""The documents' layout: 2 adds the stored ``record`` (id, role, text). An index written
-with another is emptied at open and filled again."""
+LAYOUT: Final = 3
+"""The documents' layout: 2 added the stored ``record`` (id, role, text), 3 the
+``readers``. An index written with another is emptied at open and filled again."""
+PUBLIC: Final = "p"
+"""The reader tag of a thread without users (anyone in the agent may read it); a user's tag
+is ``u:<user_id>``, so no user id can be mistaken for it."""
 _LAYOUT_FILE: Final = "layout"
 _SEP: Final = "\x1f"
 """Between a stored record's id, role and text (ids and roles never hold it; the text is
@@ -93,6 +109,8 @@ class IndexRow:
     analysis)."""
     message_id: str = ""
     role: str = ""
+    readers: frozenset[str] = frozenset()
+    """The thread's users (``thread_users``); empty: a thread without users."""
 
     @property
     def key(self) -> str:
@@ -103,8 +121,10 @@ class IndexRow:
 @dataclass(frozen=True, slots=True)
 class IndexQuery:
     """A search of the index: ``words`` (analysed) in the account and agent, or in
-    ``thread_id``; never in the threads at ``hidden`` thread keys; scored with the agent's
-    ``stats`` (messages, average length) and ``bm25`` (k1, b); the best ``k``."""
+    ``thread_id``, by ``user_id`` (``""``: no user); never in the threads at ``hidden``
+    thread keys (those the caller may not read: :func:`reader_tags` keep them out, the keys
+    check it); scored with the agent's ``stats`` (messages, average length) and ``bm25``
+    (k1, b); the best ``k``."""
 
     account_id: str
     agent_id: str
@@ -114,6 +134,7 @@ class IndexQuery:
     stats: tuple[float, float]
     k: int
     bm25: tuple[float, float]
+    user_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +187,15 @@ class IndexResult:
     dfs: list[int]
     exact: bool
     """Whether every visible match was re-scored (at most :data:`CANDIDATES`)."""
+    stale: tuple[str, ...] = ()
+    """Ids of hidden threads whose documents the readers let through (their retag was lost):
+    the result was searched again with them excluded by key; the caller retags them."""
+
+
+def reader_tags(users: Iterable[str]) -> list[str]:
+    """The ``readers`` terms of a thread with ``users`` (none: :data:`PUBLIC`)."""
+    tags = sorted(f"u:{u}" for u in users)
+    return tags or [PUBLIC]
 
 
 def document_terms(text: str) -> list[str]:
@@ -199,6 +229,8 @@ def _schema() -> Any:
     # on spaces only, so Tantivy's terms and positions are the analyzer's
     sb.add_text_field("body", stored=True, tokenizer_name="terms", index_option="position")
     sb.add_bytes_field("record", stored=True, indexed=False)  # _pack: id, role, text
+    # who may read it: reader_tags of the thread's users (stored: a retag compares them)
+    sb.add_text_field("readers", tokenizer_name="raw", index_option="basic", stored=True)
     return sb.build()
 
 
@@ -238,6 +270,14 @@ class LexicalIndex:
         self._writer_threads = 0
         self._closed = False
         self.deferred = False
+        #: Keep a caller's hidden threads out by the documents' readers (False: by their
+        #: thread keys alone, as before layout 3; benches compare the two).
+        self.by_readers = True
+        # thread key -> reader tags of the documents added since the last commit (a
+        # searcher does not see them yet; retag reads them through a commit when they differ)
+        self._uncommitted: dict[str, list[str]] = {}
+        # thread key -> (account, agent, thread, users): retags asked while filling
+        self._retags: dict[str, tuple[str, str, str, frozenset[str]]] = {}
         if fresh:  # not filled yet: the messages already stored come first
             self.mark_filling()
             layout.write_text(f"{LAYOUT}\n")
@@ -280,7 +320,6 @@ class LexicalIndex:
     def _add(self, rows: Iterable[IndexRow], *, replace: bool = True, threads: int = 1) -> int:
         """Add ``rows``; ``replace``: each after deleting any document of the same key (a
         fill into an emptied index has none to delete)."""
-        tv = self._tantivy
         w = self._w(threads)
         n = 0
         for r in rows:
@@ -290,23 +329,53 @@ class LexicalIndex:
             body = r.body if r.body is not None else " ".join(document_terms(r.content))
             if not body:  # matches nothing: nothing to index
                 continue
-            doc = tv.Document()
-            doc.add_text("key", key)
-            doc.add_text("thread_key", ThreadRef(r.account_id, r.agent_id, r.thread_id).key)
-            doc.add_text("account_id", r.account_id)
-            doc.add_text("agent_id", r.agent_id)
-            doc.add_text("thread_id", r.thread_id)
-            doc.add_unsigned("offset", r.offset)
-            doc.add_integer("created_ms", r.created_ms)
-            doc.add_text("body", body)
-            doc.add_bytes("record", _pack(r.message_id, r.role, r.content))
-            w.add_document(doc)
+            thread_key = ThreadRef(r.account_id, r.agent_id, r.thread_id).key
+            tags = reader_tags(r.readers)
+            w.add_document(
+                self._document(
+                    r.account_id,
+                    r.agent_id,
+                    r.thread_id,
+                    r.offset,
+                    r.created_ms,
+                    body,
+                    _pack(r.message_id, r.role, r.content),
+                    tags,
+                )
+            )
+            self._uncommitted[thread_key] = tags
             n += 1
         return n
+
+    def _document(
+        self,
+        account_id: str,
+        agent_id: str,
+        thread_id: str,
+        offset: int,
+        created_ms: int,
+        body: str,
+        record: bytes,
+        tags: Sequence[str],
+    ) -> Any:
+        doc = self._tantivy.Document()
+        doc.add_text("key", text_key(account_id, agent_id, thread_id, offset))
+        doc.add_text("thread_key", ThreadRef(account_id, agent_id, thread_id).key)
+        doc.add_text("account_id", account_id)
+        doc.add_text("agent_id", agent_id)
+        doc.add_text("thread_id", thread_id)
+        doc.add_unsigned("offset", offset)
+        doc.add_integer("created_ms", created_ms)
+        doc.add_text("body", body)
+        doc.add_bytes("record", record)
+        for tag in tags:
+            doc.add_text("readers", tag)
+        return doc
 
     def _commit(self, threads: int = 1) -> None:
         self._w(threads).commit()
         self._index.reload()
+        self._uncommitted.clear()
 
     async def upsert(self, rows: Sequence[IndexRow]) -> int:
         """Index ``rows`` (replacing any document of the same message); committed and
@@ -323,6 +392,74 @@ class LexicalIndex:
 
         return await self._run(go)
 
+    async def retag(self, threads: Sequence[tuple[str, str, str, frozenset[str]]]) -> int:
+        """Give every document of each (account, agent, thread, users) the readers of those
+        users, where the index holds others (a thread that gained a user: its documents so
+        far were tagged public, or without that user). Runs before the batch that gave them
+        owners adds its messages; a no-op for threads already tagged so (a redelivery) and
+        for threads without documents. While the index is filling, queued for the fill's
+        end. Returns the documents rewritten."""
+        if not threads:
+            return 0
+        return await self._run(lambda: self._retag(threads))
+
+    def _retag(
+        self, threads: Iterable[tuple[str, str, str, frozenset[str]]], *, queue: bool = True
+    ) -> int:
+        if queue and self.filling:
+            for account_id, agent_id, thread_id, users in threads:
+                key = ThreadRef(account_id, agent_id, thread_id).key
+                queued = self._retags.get(key)
+                known = queued[3] if queued else frozenset()  # owners only grow
+                self._retags[key] = (account_id, agent_id, thread_id, users | known)
+            return 0
+        wanted = {
+            ThreadRef(a, g, t).key: (a, g, t, reader_tags(users)) for a, g, t, users in threads
+        }
+        if any(
+            key in self._uncommitted and self._uncommitted[key] != tags
+            for key, (_a, _g, _t, tags) in wanted.items()
+        ):
+            self._commit()  # their newest documents become readable, to be rewritten
+        tv, schema = self._tantivy, self._schema
+        searcher = self._index.searcher()
+        w = self._w()
+        n = 0
+        Q, Occur = tv.Query, tv.Occur
+        for key, (account_id, agent_id, thread_id, tags) in wanted.items():
+            of_thread = Q.term_query(schema, "thread_key", key)
+            found = searcher.search(of_thread, 1, count=True)
+            if not found.hits:
+                continue
+            # tagged right: holds every tag (owners only grow, so a document tagged before
+            # holds "p" alone or fewer users, never more)
+            tagged = Q.boolean_query(
+                [(Occur.Must, of_thread)]
+                + [(Occur.Must, Q.term_query(schema, "readers", t)) for t in tags]
+            )
+            if _count(searcher.search(tagged, 1, count=True)) == _count(found):
+                continue
+            docs = [searcher.doc(a) for _s, a in searcher.search(of_thread, _count(found)).hits]
+            w.delete_documents_by_term("thread_key", key)
+            for doc in docs:
+                w.add_document(
+                    self._document(
+                        account_id,
+                        agent_id,
+                        thread_id,
+                        int(str(doc.get_first("offset"))),
+                        int(str(doc.get_first("created_ms"))),
+                        str(doc.get_first("body")),
+                        bytes(doc.get_first("record") or b""),
+                        tags,
+                    )
+                )
+            self._uncommitted[key] = tags
+            n += len(docs)
+        if n and not self.deferred:
+            self._commit()
+        return n
+
     def defer_commits(self) -> None:
         """A replay's load into an empty target: upserts add without committing (a commit
         costs ~70 ms a 10,000-message batch; nobody searches the target before its switch)
@@ -338,8 +475,9 @@ class LexicalIndex:
 
     async def fill(self, batches: Callable[[], Any]) -> int:
         """Replace the whole index with the rows of ``batches`` (an async iterator factory
-        of :class:`IndexRow` lists, read from ClickHouse, one row per message), under the
-        filling marker: an interrupted fill runs again at the next start."""
+        of :class:`IndexRow` lists, read from ClickHouse, one row per message, with their
+        threads' users as read after the marker was set), under the filling marker: an
+        interrupted fill runs again at the next start."""
         self.mark_filling()
         await self._run(lambda: self._w(FILL_THREADS).delete_all_documents())
         n = 0
@@ -361,8 +499,17 @@ class LexicalIndex:
                 raise
         await self._run(lambda: self._commit(FILL_THREADS))
         await self._run(lambda: self._w(1))  # back to the live writer
-        self._clear_filling()
+        await self._run(self._end_fill)
         return n
+
+    def _end_fill(self) -> None:
+        """The retags asked while filling (a thread that gained a user after the fill read
+        its owners), then the marker goes: on the writer's thread, so a retag asked
+        meanwhile is either queued before this or applied to the filled index after it."""
+        queued = list(self._retags.values())
+        self._retags.clear()
+        self._retag(queued, queue=False)
+        self._clear_filling()
 
     async def delete_keys(self, keys: Sequence[str]) -> None:
         """Delete the documents of the messages at ``keys`` (:attr:`IndexRow.key`)."""
@@ -393,11 +540,30 @@ class LexicalIndex:
         return await self._read(lambda: self._best(query))
 
     def _best(self, query: IndexQuery) -> IndexResult:
+        searcher = self._index.searcher()
+        if not query.hidden or not self.by_readers:
+            return self._best_in(query, searcher, by_key=True)
+        found = self._best_in(query, searcher, by_key=False)
+        hidden = set(query.hidden)
+        stale = {
+            h.thread_id
+            for h in found.hits
+            if ThreadRef(query.account_id, query.agent_id, h.thread_id).key in hidden
+        }
+        if not stale:
+            return found
+        # documents of a hidden thread tagged as readable (a retag not applied yet):
+        # nothing of them is shown, and the statistics are counted without those threads
+        again = self._best_in(query, searcher, by_key=True)
+        return IndexResult(again.hits, again.dfs, again.exact, tuple(sorted(stale)))
+
+    def _best_in(self, query: IndexQuery, searcher: Any, *, by_key: bool) -> IndexResult:
+        """:meth:`_best` on ``searcher``: the caller's hidden threads kept out by the
+        documents' readers, or (``by_key``) by their thread keys."""
         account_id, agent_id, thread_id = query.account_id, query.agent_id, query.thread_id
         words, hidden, k = query.words, query.hidden, query.k
         tv = self._tantivy
         Q, Occur, schema = tv.Query, tv.Occur, self._schema
-        searcher = self._index.searcher()
         if thread_id is not None:
             scope = [
                 (
@@ -418,8 +584,21 @@ class LexicalIndex:
                 ),
                 (Occur.Must, Q.const_score_query(Q.term_query(schema, "agent_id", agent_id), 0.0)),
             ]
-        if hidden:
+        if hidden and by_key:
             scope.append((Occur.MustNot, Q.term_set_query(schema, "thread_key", list(hidden))))
+        elif hidden:  # what the caller may read: threads without users, and their own
+            readable = [PUBLIC, f"u:{query.user_id}"]
+            scope.append(
+                (
+                    Occur.Must,
+                    Q.const_score_query(
+                        Q.boolean_query(
+                            [(Occur.Should, Q.term_query(schema, "readers", t)) for t in readable]
+                        ),
+                        0.0,
+                    ),
+                )
+            )
 
         def count(q: Any) -> int:
             return _count(

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -221,6 +221,7 @@ class MessageStore:
         self._owners: dict[tuple[str, str, str], dict[str, frozenset[str]]] = {}
         self._hidden: dict[tuple[str, str, str, str], list[str]] = {}
         self._owners_lock = asyncio.Lock()
+        self._repairs: set[asyncio.Future[None]] = set()  # retags a search asked for
 
     async def ensure_schema(self, *, defer_postings: bool = False) -> None:
         """Create the database and tables if missing (idempotent). ``defer_postings`` (a
@@ -392,6 +393,14 @@ LIMIT {VECTOR_FILL_BATCH}""",
         started = time.perf_counter()
 
         async def batches() -> AsyncIterator[list[IndexRow]]:
+            # every thread's users, read once the index is marked filling: a thread that
+            # gains one later is retagged when the fill ends (LexicalIndex.retag)
+            owners = await self.engine.rows(
+                f"SELECT account_id, agent_id, thread_id, groupUniqArray(user_id) "
+                f"FROM {db}.thread_users GROUP BY account_id, agent_id, thread_id",
+                {},
+            )
+            readers = {(str(a), str(g), str(t)): frozenset(_strings(us)) for a, g, t, us in owners}
             # in key order without FINAL (3-4x cheaper a step): a message's unmerged copies
             # are adjacent, and only the first is kept
             after: tuple[str, str, str, int] = ("", "", "", -1)
@@ -425,7 +434,20 @@ LIMIT {INDEX_FILL_BATCH}""",
                 out = []
                 for a, g, t, o, ms, body, text, mid, role in zip(*cols, strict=True):
                     if (a, g, t, o) != after:
-                        out.append(IndexRow(a, g, t, o, ms, text, body, mid, role))
+                        out.append(
+                            IndexRow(
+                                a,
+                                g,
+                                t,
+                                o,
+                                ms,
+                                text,
+                                body,
+                                mid,
+                                role,
+                                readers.get((a, g, t), NOBODY),
+                            )
+                        )
                         after = (a, g, t, o)
                 yield out
 
@@ -580,14 +602,28 @@ LIMIT {INDEX_FILL_BATCH}""",
             rows = [r for r in rows if (r.account_id, r.agent_id, r.thread_id) not in self.erased]
         if not rows:
             return 0
-        owners = thread_users_table(rows)
+        table = messages_table(rows)
+        await self._write_tables(thread_users_table(rows), table)
+        return int(table.num_rows)
+
+    async def _write_tables(self, owners: pa.Table, messages: pa.Table) -> None:
+        """A batch's owners (``thread_users``), then, in the lexical index, the documents so
+        far of each thread that gained a user given its new readers, then its messages
+        (ClickHouse and the index side by side). Durable on return."""
         if owners.num_rows:
             await self.engine.insert_arrow(self.database, "thread_users", owners)
             await self._owners_written(owners)
-        table = messages_table(rows)
         index = self.lexical_index()
-        await self._insert_messages(table, index, _index_rows(table) if index is not None else [])
-        return int(table.num_rows)
+        if index is None:
+            if messages.num_rows:
+                await self._insert_messages(messages, None, [])
+            return
+        owned = set(_triples(owners))
+        readers = await self._readers(owned | set(_triples(messages)))
+        if owned:
+            await index.retag([(a, g, t, readers[(a, g, t)]) for a, g, t in sorted(owned)])
+        if messages.num_rows:
+            await self._insert_messages(messages, index, _index_rows(messages, readers))
 
     async def _insert_messages(
         self, table: pa.Table, index: LexicalIndex | None, index_rows: Sequence[IndexRow]
@@ -669,14 +705,7 @@ LIMIT {INDEX_FILL_BATCH}""",
     async def write_parsed(self, batch: ParsedBatch) -> int:
         """Insert a parsed batch (``thread_users`` first, as :meth:`write`); durable on
         return. Returns the message rows written."""
-        if batch.owners.num_rows:
-            await self.engine.insert_arrow(self.database, "thread_users", batch.owners)
-            await self._owners_written(batch.owners)
-        if batch.messages.num_rows:
-            index = self.lexical_index()
-            await self._insert_messages(
-                batch.messages, index, _index_rows(batch.messages) if index is not None else []
-            )
+        await self._write_tables(batch.owners, batch.messages)
         return int(batch.messages.num_rows)
 
     async def _owners_written(self, owners: pa.Table) -> None:
@@ -711,18 +740,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         if cached is not None:
             return cached
         async with self._owners_lock:
-            threads = self._owners.get(key)
-            if threads is None:
-                rows = await self.engine.rows(
-                    f"SELECT thread_id, groupUniqArray(user_id) FROM {self.database}.thread_users "
-                    "WHERE account_id = {account_id:String} AND agent_id = {agent_id:String} "
-                    "GROUP BY thread_id",
-                    {"account_id": account_id, "agent_id": agent_id},
-                )
-                if len(self._owners) >= OWNER_MAPS_MAX:
-                    self._owners.clear()
-                    self._hidden.clear()
-                threads = self._owners[key] = {str(t): frozenset(_strings(us)) for t, us in rows}
+            threads = await self._owner_map(account_id, agent_id)
             hidden = sorted(
                 ThreadRef(account_id, agent_id, t).key
                 for t, us in threads.items()
@@ -732,6 +750,35 @@ LIMIT {INDEX_FILL_BATCH}""",
                 self._hidden.clear()
             self._hidden[(*key, user_id)] = hidden
             return hidden
+
+    async def _owner_map(self, account_id: str, agent_id: str) -> dict[str, frozenset[str]]:
+        """The agent's threads that have users, with their users (loaded from
+        ``thread_users`` when not held). Under ``_owners_lock``."""
+        key = (self.database, account_id, agent_id)
+        threads = self._owners.get(key)
+        if threads is None:
+            rows = await self.engine.rows(
+                f"SELECT thread_id, groupUniqArray(user_id) FROM {self.database}.thread_users "
+                "WHERE account_id = {account_id:String} AND agent_id = {agent_id:String} "
+                "GROUP BY thread_id",
+                {"account_id": account_id, "agent_id": agent_id},
+            )
+            if len(self._owners) >= OWNER_MAPS_MAX:
+                self._owners.clear()
+                self._hidden.clear()
+            threads = self._owners[key] = {str(t): frozenset(_strings(us)) for t, us in rows}
+        return threads
+
+    async def _readers(
+        self, threads: Iterable[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], frozenset[str]]:
+        """The users of each (account, agent, thread) as ``thread_users`` holds them now
+        (empty: none), for the lexical index's readers."""
+        out: dict[tuple[str, str, str], frozenset[str]] = {}
+        async with self._owners_lock:
+            for a, g, t in threads:
+                out[(a, g, t)] = (await self._owner_map(a, g)).get(t, frozenset())
+        return out
 
     async def collection_stats(self, account_id: str, agent_id: str) -> tuple[float, float]:
         """(messages, average length in terms) of an agent, for BM25; cached for
@@ -1046,8 +1093,11 @@ LIMIT {INDEX_FILL_BATCH}""",
                 stats,
                 k,
                 (BM25_K1, BM25_B),
+                spec.user_id or "",
             )
         )
+        if found.stale:
+            self._repair_readers(index, spec.account_id, spec.agent_id, found.stale)
         texts.update(((h.thread_id, h.offset), h.record) for h in found.hits)
         return [
             (
@@ -1061,6 +1111,28 @@ LIMIT {INDEX_FILL_BATCH}""",
             )
             for h in found.hits
         ], found.dfs
+
+    def _repair_readers(
+        self, index: LexicalIndex, account_id: str, agent_id: str, threads: Sequence[str]
+    ) -> None:
+        """Threads a search found tagged readable by a caller they are hidden from (a retag
+        lost): logged, and retagged from the owner map in the background."""
+        log.error(
+            "lexical index of %s: threads %s of %s/%s have documents tagged for readers "
+            "they no longer have; the search excluded them by key, retagging them now",
+            self.database,
+            list(threads),
+            account_id,
+            agent_id,
+        )
+
+        async def repair() -> None:
+            readers = await self._readers((account_id, agent_id, t) for t in threads)
+            await index.retag([(*k, users) for k, users in readers.items()])
+
+        task = asyncio.ensure_future(repair())
+        self._repairs.add(task)
+        task.add_done_callback(self._repairs.discard)
 
     async def _posting_best(
         self, spec: SearchSpec, stats: tuple[float, float], k: int
@@ -1380,18 +1452,33 @@ def _no_lexical_parts() -> dict[str, object]:
     return {"bm25": 0.0, "proximity": 0.0, "terms": {}}
 
 
-def _index_rows(messages: pa.Table) -> list[IndexRow]:
+def _index_rows(
+    messages: pa.Table, readers: Mapping[tuple[str, str, str], frozenset[str]]
+) -> list[IndexRow]:
     """A parsed batch's rows (:data:`~.rows.MESSAGES_SCHEMA`) as lexical index rows (the
-    terms analyzed on the index's thread)."""
+    terms analyzed on the index's thread), each with its thread's users in ``readers``."""
     created = pc.cast(messages.column("created_at"), pa.int64()).to_pylist()
     cols = [
         messages.column(c).to_pylist()
         for c in ("account_id", "agent_id", "thread_id", "offset", "content", "message_id", "role")
     ]
     return [
-        IndexRow(a, g, t, o, ms, c, message_id=mid, role=role)
+        IndexRow(
+            a, g, t, o, ms, c, message_id=mid, role=role, readers=readers.get((a, g, t), NOBODY)
+        )
         for (a, g, t, o, c, mid, role), ms in zip(zip(*cols, strict=True), created, strict=True)
     ]
+
+
+NOBODY: Final[frozenset[str]] = frozenset()
+
+
+def _triples(table: pa.Table) -> list[tuple[str, str, str]]:
+    """The distinct (account, agent, thread) of a table's rows."""
+    if not table.num_rows:
+        return []
+    cols = [table.column(c).to_pylist() for c in ("account_id", "agent_id", "thread_id")]
+    return list(dict.fromkeys(zip(*cols, strict=True)))
 
 
 def _strings(value: object) -> list[str]:
