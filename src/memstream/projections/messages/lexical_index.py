@@ -321,7 +321,11 @@ class LexicalIndex:
         """Add ``rows``; ``replace``: each after deleting any document of the same key (a
         fill into an emptied index has none to delete)."""
         w = self._w(threads)
+        new_doc = self._tantivy.Document
         n = 0
+        account = agent = thread = thread_key = ""
+        readers: frozenset[str] | None = None
+        tags = [PUBLIC]
         for r in rows:
             key = r.key
             if replace:
@@ -329,26 +333,36 @@ class LexicalIndex:
             body = r.body if r.body is not None else " ".join(document_terms(r.content))
             if not body:  # matches nothing: nothing to index
                 continue
-            thread_key = ThreadRef(r.account_id, r.agent_id, r.thread_id).key
-            tags = reader_tags(r.readers)
-            w.add_document(
-                self._document(
-                    r.account_id,
-                    r.agent_id,
-                    r.thread_id,
-                    r.offset,
-                    r.created_ms,
-                    body,
-                    _pack(r.message_id, r.role, r.content),
-                    tags,
-                )
-            )
-            self._uncommitted[thread_key] = tags
+            if (  # rows come by thread: its key and tags once
+                r.readers is not readers
+                or r.thread_id != thread
+                or r.agent_id != agent
+                or r.account_id != account
+            ):
+                account, agent, thread, readers = r.account_id, r.agent_id, r.thread_id, r.readers
+                thread_key = ThreadRef(account, agent, thread).key
+                tags = reader_tags(readers)
+                self._uncommitted[thread_key] = tags
+            doc = new_doc()  # as _document builds it, inline: ~1 µs a message less
+            doc.add_text("key", key)
+            doc.add_text("thread_key", thread_key)
+            doc.add_text("account_id", account)
+            doc.add_text("agent_id", agent)
+            doc.add_text("thread_id", thread)
+            doc.add_unsigned("offset", r.offset)
+            doc.add_integer("created_ms", r.created_ms)
+            doc.add_text("body", body)
+            doc.add_bytes("record", _pack(r.message_id, r.role, r.content))
+            for tag in tags:
+                doc.add_text("readers", tag)
+            w.add_document(doc)
             n += 1
         return n
 
     def _document(
         self,
+        key: str,
+        thread_key: str,
         account_id: str,
         agent_id: str,
         thread_id: str,
@@ -359,8 +373,8 @@ class LexicalIndex:
         tags: Sequence[str],
     ) -> Any:
         doc = self._tantivy.Document()
-        doc.add_text("key", text_key(account_id, agent_id, thread_id, offset))
-        doc.add_text("thread_key", ThreadRef(account_id, agent_id, thread_id).key)
+        doc.add_text("key", key)
+        doc.add_text("thread_key", thread_key)
         doc.add_text("account_id", account_id)
         doc.add_text("agent_id", agent_id)
         doc.add_text("thread_id", thread_id)
@@ -442,12 +456,15 @@ class LexicalIndex:
             docs = [searcher.doc(a) for _s, a in searcher.search(of_thread, _count(found)).hits]
             w.delete_documents_by_term("thread_key", key)
             for doc in docs:
+                offset = int(str(doc.get_first("offset")))
                 w.add_document(
                     self._document(
+                        text_key(account_id, agent_id, thread_id, offset),
+                        key,
                         account_id,
                         agent_id,
                         thread_id,
-                        int(str(doc.get_first("offset"))),
+                        offset,
                         int(str(doc.get_first("created_ms"))),
                         str(doc.get_first("body")),
                         bytes(doc.get_first("record") or b""),

@@ -620,24 +620,34 @@ LIMIT {INDEX_FILL_BATCH}""",
             return
         owned = set(_triples(owners))
         readers = await self._readers(owned | set(_triples(messages)))
-        if owned:
-            await index.retag([(a, g, t, readers[(a, g, t)]) for a, g, t in sorted(owned)])
+        retag = [(a, g, t, readers[(a, g, t)]) for a, g, t in sorted(owned)]
         if messages.num_rows:
-            await self._insert_messages(messages, index, _index_rows(messages, readers))
+            await self._insert_messages(messages, index, _index_rows(messages, readers), retag)
+        elif retag:
+            await index.retag(retag)
 
     async def _insert_messages(
-        self, table: pa.Table, index: LexicalIndex | None, index_rows: Sequence[IndexRow]
+        self,
+        table: pa.Table,
+        index: LexicalIndex | None,
+        index_rows: Sequence[IndexRow],
+        retag: Sequence[tuple[str, str, str, frozenset[str]]] = (),
     ) -> None:
-        """The ``messages`` insert (its views write the postings and the text) and the
-        lexical index's upsert, side by side (each on its own thread); durable when both
-        have returned. Both after the owners: a message is never searchable before its
-        thread's privacy is known."""
+        """The ``messages`` insert (its views write the postings and the text) and, side by
+        side (each on its own thread), the lexical index's retag of the threads that gained
+        a user (``retag``) then its upsert; durable when both have returned. Both after the
+        owners: a message is never searchable before its thread's privacy is known."""
         insert = self.engine.insert_arrow(self.database, "messages", table)
         if index is None:
             await insert
             return
+
+        async def indexed_after_retag() -> int:
+            await index.retag(retag)
+            return await index.upsert(index_rows)
+
         inserted, indexed = await asyncio.gather(
-            insert, index.upsert(index_rows), return_exceptions=True
+            insert, indexed_after_retag(), return_exceptions=True
         )
         if isinstance(inserted, BaseException):
             # nothing in the index that ClickHouse does not hold (the batch is retried)
