@@ -41,7 +41,9 @@ fill or build: only the queries).
      unused); ``all-cores``, the query's embedding on every core (the embedder's
      ``query_threads``; one is the default); ``by-key``, BM25 keeping the caller's hidden
      threads out by their thread keys (the lexical index's ``by_readers`` False: a term set
-     of their keys, as before layout 3), and also ``BM25 only`` that way;
+     of their keys, as before layout 3), and also ``BM25 only`` that way; ``switch-1ms``,
+     the served path with the interpreter's GIL switch interval at 1 ms instead of Python's
+     5 ms (measured, not adopted: docs/transcript-search.md);
    - ``search, dense via ClickHouse``: ``search(spec)`` of a second store on the same
      engine, database and lexical index without ``vector_root`` (the SQL scan of
      ``message_vectors``: the "before"), on the first ``--clickhouse-queries`` queries only;
@@ -93,7 +95,14 @@ FLOAT_WALK = "search, dense via vector index, float32 walk"
 ALL_CORES = "search, dense via vector index, query embedded on every core"
 IN_WALK = "search, dense via vector index, hidden threads in the walk"
 BY_KEY = "search, dense via vector index, BM25's hidden threads by key"
-COMPARED = {"in-walk": IN_WALK, "float32": FLOAT_WALK, "all-cores": ALL_CORES, "by-key": BY_KEY}
+SWITCH_1MS = "search, dense via vector index, GIL switch interval 1 ms"
+COMPARED = {
+    "in-walk": IN_WALK,
+    "float32": FLOAT_WALK,
+    "all-cores": ALL_CORES,
+    "by-key": BY_KEY,
+    "switch-1ms": SWITCH_1MS,
+}
 BM25_BY_KEY = "BM25 only, hidden threads by key"
 CLICKHOUSE = "search, dense via ClickHouse"
 BM25 = "BM25 only (lexical_search)"
@@ -366,6 +375,14 @@ async def run(
         finally:
             lexical.by_readers = True
 
+    async def switch_1ms(spec: SearchSpec) -> list[Key]:
+        served_interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.001)
+        try:
+            return await hits(store, spec)
+        finally:
+            sys.setswitchinterval(served_interval)
+
     async def embed_then_dense(spec: SearchSpec) -> list[Key]:
         t = time.perf_counter()
         (vector,) = await embedder.embed_query([spec.text])
@@ -380,6 +397,7 @@ async def run(
         FLOAT_WALK: float_walk,
         IN_WALK: in_walk,
         BY_KEY: lambda spec: by_key(spec, lambda s: hits(store, s)),
+        SWITCH_1MS: switch_1ms,
         BM25_BY_KEY: lambda spec: by_key(spec, bm25),
     }
     paths: dict[str, Callable[[SearchSpec], Awaitable[list[Key]]]] = {
