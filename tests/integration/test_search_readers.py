@@ -106,7 +106,7 @@ async def test_a_lost_retag_shows_nothing_hidden_and_is_repaired(
     await store._owners_written(lost)  # noqa: SLF001 - the retag after it never ran
     index = store.lexical_index()
     assert index is not None and readers_of(index, "t") == {("p",)}
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.WARNING):
         hits = await search(store, BOB, query="osprey", limit=50)
     assert {t for t, _ in hits} == {"u"}
     assert await df(store, BOB, "osprey") == 3
@@ -193,3 +193,39 @@ async def test_a_replay_retags_what_its_load_has_not_committed(
         assert await df(live, caller, "plover") == 20
     assert len(await search(live, ALICE, query="plover", limit=50)) == 41
     await live.close()
+
+
+async def test_searches_during_writes_never_show_a_thread_already_private(
+    indexed_store: MessageStore,
+) -> None:
+    """Twenty public threads become alice's one write at a time while bob searches without
+    pause: no search started after a thread's write returned shows any of its turns."""
+    store = indexed_store
+    threads = [f"g{i}" for i in range(20)]
+    await project(
+        store, [m(t, i, "user", f"gannet colony {t} {i}") for t in threads for i in range(5)]
+    )
+    private_since: dict[str, float] = {}
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    seen: list[tuple[float, set[str]]] = []
+
+    async def writes() -> None:
+        for t in threads:
+            await project(store, [m(t, 5, "user", "gannet mine", user="alice")])
+            private_since[t] = loop.time()
+            await asyncio.sleep(0.01)
+        done.set()
+
+    async def searches() -> None:
+        while not done.is_set():
+            started = loop.time()
+            found = {t for t, _ in await search(store, BOB, query="gannet colony", limit=50)}
+            seen.append((started, found))
+
+    await asyncio.gather(writes(), searches())
+    assert len(seen) >= 20
+    for started, found in seen:
+        leaked = {t for t in found if private_since.get(t, float("inf")) <= started}
+        assert not leaked, (started, leaked)
+    assert await search(store, BOB, query="gannet") == []

@@ -1126,10 +1126,13 @@ LIMIT {INDEX_FILL_BATCH}""",
         self, index: LexicalIndex, account_id: str, agent_id: str, threads: Sequence[str]
     ) -> None:
         """Threads a search found tagged readable by a caller they are hidden from (a retag
-        lost): logged, and retagged from the owner map in the background."""
-        log.error(
+        lost to a crash, or a write between its owners and its retag): logged, and
+        retagged from the owner map in the background (a no-op once the write's own retag
+        has run)."""
+        log.warning(
             "lexical index of %s: threads %s of %s/%s have documents tagged for readers "
-            "they no longer have; the search excluded them by key, retagging them now",
+            "they no longer have (a retag lost, or a write in progress); the search "
+            "excluded them by key, retagging them now",
             self.database,
             list(threads),
             account_id,
