@@ -1140,8 +1140,13 @@ LIMIT {INDEX_FILL_BATCH}""",
         )
 
         async def repair() -> None:
-            readers = await self._readers((account_id, agent_id, t) for t in threads)
-            await index.retag([(*k, users) for k, users in readers.items()])
+            try:
+                readers = await self._readers((account_id, agent_id, t) for t in threads)
+                await index.retag([(*k, users) for k, users in readers.items()])
+            except Exception as e:  # noqa: BLE001 - the next search asks again
+                log.warning(
+                    "retagging %s of %s/%s failed: %r", list(threads), account_id, agent_id, e
+                )
 
         task = asyncio.ensure_future(repair())
         self._repairs.add(task)
@@ -1424,6 +1429,10 @@ LIMIT {INDEX_FILL_BATCH}""",
     async def close(self) -> None:
         """Commit and close the lexical and vector indexes under this store's roots (the
         engine is closed by its owner)."""
+        # retags searches asked for: the next search to meet such a thread asks again
+        for task in list(self._repairs):
+            task.cancel()
+        await asyncio.gather(*self._repairs, return_exceptions=True)
         if self.index_root is not None:
             await close_indexes(self.index_root)
         if self.vector_root is not None:
