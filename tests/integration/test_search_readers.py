@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from memstream.projections.messages import MessageStore
+from memstream.projections.messages import MessageStore, lexical_index
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.lexical_index import (
     IndexQuery,
@@ -229,3 +229,21 @@ async def test_searches_during_writes_never_show_a_thread_already_private(
         leaked = {t for t in found if private_since.get(t, float("inf")) <= started}
         assert not leaked, (started, leaked)
     assert await search(store, BOB, query="gannet") == []
+
+
+async def test_a_long_thread_is_retagged_page_by_page_without_loss_or_copies(
+    indexed_store: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retag reads a thread's documents a page at a time: 30 turns through pages of 7
+    come out once each, all with the new readers."""
+    monkeypatch.setattr(lexical_index, "RETAG_PAGE", 7)
+    store = indexed_store
+    await project(store, [m("t", i, "user", f"puffin burrow {i}") for i in range(30)])
+    await project(store, [m("t", 30, "user", "puffin mine", user="alice")])
+    index = store.lexical_index()
+    assert index is not None and readers_of(index, "t") == {("u:alice",)}
+    assert await index.count() == 31
+    assert sorted(o for _, o in await search(store, ALICE, query="puffin", limit=50)) == list(
+        range(31)
+    )
+    assert await search(store, BOB, query="puffin") == []

@@ -74,6 +74,8 @@ still has them (else they answer "unavailable, retry": ``MessageStore.lexical_se
 WRITER_HEAP: Final = 64_000_000
 """The writer's memory budget per indexing thread (Tantivy flushes a segment when full)."""
 FILL_THREADS: Final = 2
+RETAG_PAGE: Final = 1_000
+"""Documents of a thread a retag reads at a time (a long thread's stay off the heap)."""
 READ_THREADS: Final = 2
 """Threads searching the index (beside its one writer thread): a search never waits for a
 commit of the projector's batch (~12 ms) or for another search."""
@@ -453,26 +455,31 @@ class LexicalIndex:
             )
             if _count(searcher.search(tagged, 1, count=True)) == _count(found):
                 continue
-            docs = [searcher.doc(a) for _s, a in searcher.search(of_thread, _count(found)).hits]
+            # the delete takes the documents added before it (the searcher's, which are read
+            # page by page below, from its snapshot), not those added after it
             w.delete_documents_by_term("thread_key", key)
-            for doc in docs:
-                offset = int(str(doc.get_first("offset")))
-                w.add_document(
-                    self._document(
-                        text_key(account_id, agent_id, thread_id, offset),
-                        key,
-                        account_id,
-                        agent_id,
-                        thread_id,
-                        offset,
-                        int(str(doc.get_first("created_ms"))),
-                        str(doc.get_first("body")),
-                        bytes(doc.get_first("record") or b""),
-                        tags,
+            total = _count(found)
+            for start in range(0, total, RETAG_PAGE):
+                page = searcher.search(of_thread, RETAG_PAGE, count=False, offset=start).hits
+                for _score, address in page:
+                    doc = searcher.doc(address)
+                    offset = int(str(doc.get_first("offset")))
+                    w.add_document(
+                        self._document(
+                            text_key(account_id, agent_id, thread_id, offset),
+                            key,
+                            account_id,
+                            agent_id,
+                            thread_id,
+                            offset,
+                            int(str(doc.get_first("created_ms"))),
+                            str(doc.get_first("body")),
+                            bytes(doc.get_first("record") or b""),
+                            tags,
+                        )
                     )
-                )
             self._uncommitted[key] = tags
-            n += len(docs)
+            n += total
         if n and not self.deferred:
             self._commit()
         return n
