@@ -323,7 +323,6 @@ class LexicalIndex:
         """Add ``rows``; ``replace``: each after deleting any document of the same key (a
         fill into an emptied index has none to delete)."""
         w = self._w(threads)
-        new_doc = self._tantivy.Document
         n = 0
         account = agent = thread = thread_key = ""
         readers: frozenset[str] | None = None
@@ -345,19 +344,20 @@ class LexicalIndex:
                 thread_key = ThreadRef(account, agent, thread).key
                 tags = reader_tags(readers)
                 self._uncommitted[thread_key] = tags
-            doc = new_doc()  # as _document builds it, inline: ~1 µs a message less
-            doc.add_text("key", key)
-            doc.add_text("thread_key", thread_key)
-            doc.add_text("account_id", account)
-            doc.add_text("agent_id", agent)
-            doc.add_text("thread_id", thread)
-            doc.add_unsigned("offset", r.offset)
-            doc.add_integer("created_ms", r.created_ms)
-            doc.add_text("body", body)
-            doc.add_bytes("record", _pack(r.message_id, r.role, r.content))
-            for tag in tags:
-                doc.add_text("readers", tag)
-            w.add_document(doc)
+            w.add_document(
+                self._document(
+                    key,
+                    thread_key,
+                    account,
+                    agent,
+                    thread,
+                    r.offset,
+                    r.created_ms,
+                    body,
+                    _pack(r.message_id, r.role, r.content),
+                    tags,
+                )
+            )
             n += 1
         return n
 
@@ -374,6 +374,8 @@ class LexicalIndex:
         record: bytes,
         tags: Sequence[str],
     ) -> Any:
+        """A message's document (every field of :func:`_schema`): the one builder of writes,
+        fills and retags."""
         doc = self._tantivy.Document()
         doc.add_text("key", key)
         doc.add_text("thread_key", thread_key)

@@ -787,7 +787,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         out: dict[tuple[str, str, str], frozenset[str]] = {}
         async with self._owners_lock:
             for a, g, t in threads:
-                out[(a, g, t)] = (await self._owner_map(a, g)).get(t, frozenset())
+                out[(a, g, t)] = (await self._owner_map(a, g)).get(t, NOBODY)
         return out
 
     async def collection_stats(self, account_id: str, agent_id: str) -> tuple[float, float]:
@@ -1474,6 +1474,10 @@ def _no_lexical_parts() -> dict[str, object]:
     return {"bm25": 0.0, "proximity": 0.0, "terms": {}}
 
 
+NOBODY: Final[frozenset[str]] = frozenset()
+"""The users of a thread without any."""
+
+
 def _index_rows(
     messages: pa.Table, readers: Mapping[tuple[str, str, str], frozenset[str]]
 ) -> list[IndexRow]:
@@ -1490,9 +1494,6 @@ def _index_rows(
         )
         for (a, g, t, o, c, mid, role), ms in zip(zip(*cols, strict=True), created, strict=True)
     ]
-
-
-NOBODY: Final[frozenset[str]] = frozenset()
 
 
 def _triples(table: pa.Table) -> list[tuple[str, str, str]]:
