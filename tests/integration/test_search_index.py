@@ -7,6 +7,7 @@ dropped generation's index goes with it."""
 from __future__ import annotations
 
 import random
+import shutil
 import uuid
 from pathlib import Path
 
@@ -388,3 +389,67 @@ async def test_a_resumed_replay_fills_the_documents_a_stop_lost(
             plain, caller, query="w5 w9", limit=20
         )
     await close_indexes(root)
+
+
+async def test_hostile_text_and_ids_are_stored_as_written_and_filled_alike(
+    chdb_engine: ChdbEngine, tmp_path: Path
+) -> None:
+    """Documents go to Tantivy as JSON: quotes, backslashes, NUL, the record separator,
+    U+2028, astral characters and a JSON-looking text in ids and contents come back as
+    written, searchable by their words, with their creation times; and an index filled
+    from ClickHouse at a later start holds the same documents as the one the writes built
+    (one document builder for both)."""
+    db = f"t_{uuid.uuid4().hex[:12]}"
+    store = MessageStore(chdb_engine, db, index_root=tmp_path / "ix")
+    await store.ensure_schema()
+    odd = [
+        ('th"read\\1', 'He said "wombat" \\ then \x00 left'),
+        ("th\u2028read", "wombat \u2028 line two 🦘 ünïcödé"),
+        ("t}{", '{"key": "x", "offset": 9} wombat \x1f tail'),
+    ]
+    msgs = [
+        m(t, i, "user", text, user='u"1' if i else None, minutes=i)
+        for i, (t, text) in enumerate(odd)
+    ]
+    await project(store, msgs)
+    keys = [f"acc/ag/{t}/{i}" for i, (t, _) in enumerate(odd)]
+
+    async def docs_of(s: MessageStore) -> list[tuple[str, int, int, str, str, str, list[str]]]:
+        index = s.lexical_index()
+        assert index is not None
+        got = await index.documents("acc", "ag", keys, [])
+        return [
+            (
+                d.thread_id,
+                d.offset,
+                d.created_ms,
+                d.record.message_id,
+                d.record.role,
+                d.record.content,
+                d.terms,
+            )
+            for d in got
+        ]
+
+    written = await docs_of(store)
+    assert sorted(written) == sorted(
+        (
+            x.thread_id,
+            x.offset,
+            int(x.created_at.timestamp() * 1000),
+            x.message_id,
+            "user",
+            x.content,
+            document_terms(x.content),
+        )
+        for x in msgs
+    )
+    hits = await store.lexical_search(SearchSpec("acc", "ag", 'u"1', query_words("wombat"), 10))
+    assert sorted((h.thread_id, h.content) for h in hits) == sorted(odd)
+    await close_indexes(tmp_path / "ix")
+    # the same database, its index lost: filled again from ClickHouse at the next start
+    shutil.rmtree(tmp_path / "ix")
+    again = MessageStore(chdb_engine, db, index_root=tmp_path / "ix")
+    await again.ensure_schema()
+    assert sorted(await docs_of(again)) == sorted(written)
+    await close_indexes(tmp_path / "ix")

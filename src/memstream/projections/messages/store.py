@@ -44,6 +44,7 @@ from memstream.projections.messages.engine import ClickHouseEngine, Row
 from memstream.projections.messages.fusion import bm25 as bm25_of
 from memstream.projections.messages.fusion import coverage, fuse, query_weight
 from memstream.projections.messages.lexical_index import (
+    IndexColumns,
     IndexQuery,
     IndexRow,
     LexicalIndex,
@@ -622,7 +623,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         readers = await self._readers(owned | set(_triples(messages)))
         retag = [(a, g, t, readers[(a, g, t)]) for a, g, t in sorted(owned)]
         if messages.num_rows:
-            await self._insert_messages(messages, index, _index_rows(messages, readers), retag)
+            await self._insert_messages(messages, index, _index_columns(messages, readers), retag)
         elif retag:
             await index.retag(retag)
 
@@ -630,7 +631,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         self,
         table: pa.Table,
         index: LexicalIndex | None,
-        index_rows: Sequence[IndexRow],
+        index_rows: Sequence[IndexRow] | IndexColumns,
         retag: Sequence[tuple[str, str, str, frozenset[str]]] = (),
     ) -> None:
         """The ``messages`` insert (its views write the postings and the text) and, side by
@@ -652,7 +653,11 @@ LIMIT {INDEX_FILL_BATCH}""",
         if isinstance(inserted, BaseException):
             # nothing in the index that ClickHouse does not hold (the batch is retried)
             with contextlib.suppress(Exception):
-                await index.delete_keys([r.key for r in index_rows])
+                await index.delete_keys(
+                    index_rows.keys()
+                    if isinstance(index_rows, IndexColumns)
+                    else [r.key for r in index_rows]
+                )
             raise inserted
         if isinstance(indexed, BaseException):
             raise indexed
@@ -1478,22 +1483,23 @@ NOBODY: Final[frozenset[str]] = frozenset()
 """The users of a thread without any."""
 
 
-def _index_rows(
+def _index_columns(
     messages: pa.Table, readers: Mapping[tuple[str, str, str], frozenset[str]]
-) -> list[IndexRow]:
-    """A parsed batch's rows (:data:`~.rows.MESSAGES_SCHEMA`) as lexical index rows (the
-    terms analyzed on the index's thread), each with its thread's users in ``readers``."""
-    created = pc.cast(messages.column("created_at"), pa.int64()).to_pylist()
-    cols = [
-        messages.column(c).to_pylist()
-        for c in ("account_id", "agent_id", "thread_id", "offset", "content", "message_id", "role")
-    ]
-    return [
-        IndexRow(
-            a, g, t, o, ms, c, message_id=mid, role=role, readers=readers.get((a, g, t), NOBODY)
-        )
-        for (a, g, t, o, c, mid, role), ms in zip(zip(*cols, strict=True), created, strict=True)
-    ]
+) -> IndexColumns:
+    """A parsed batch's rows (:data:`~.rows.MESSAGES_SCHEMA`) as lexical index columns
+    (made Python values and analyzed on the index's thread), with each thread's users."""
+    col = messages.column
+    return IndexColumns(
+        col("account_id"),
+        col("agent_id"),
+        col("thread_id"),
+        col("offset"),
+        pc.cast(col("created_at"), pa.int64()),
+        col("content"),
+        col("message_id"),
+        col("role"),
+        readers,
+    )
 
 
 def _triples(table: pa.Table) -> list[tuple[str, str, str]]:
