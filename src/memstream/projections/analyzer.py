@@ -61,13 +61,19 @@ _SUFFIX: Final = (
 _FINAL_E: Final = (("^[a-z]{2,}[a-df-z]e$", "cut1"),)
 
 
+_COMPILED: Final[dict[str, re.Pattern[str]]] = {
+    p: re.compile(p) for rules in (_PLURAL, _SUFFIX, _FINAL_E) for p, _ in rules
+}
+_DOUBLE_RE: Final = re.compile(_DOUBLE)
+
+
 def _undouble(s: str) -> str:
-    return s[:-1] if re.search(_DOUBLE, s) else s
+    return s[:-1] if _DOUBLE_RE.search(s) else s
 
 
 def _apply(w: str, rules: tuple[tuple[str, str], ...]) -> str:
     for pattern, action in rules:
-        if re.fullmatch(pattern, w):
+        if _COMPILED[pattern].fullmatch(w):
             if action == "keep":
                 return w
             if action == "cut1":
@@ -84,6 +90,8 @@ def _apply(w: str, rules: tuple[tuple[str, str], ...]) -> str:
 
 def stem(token: str) -> str:
     """The light English stem of one lowercased token (see the module docstring)."""
+    if not (token.isascii() and token.isalpha()):  # no rule matches anything but [a-z]
+        return token
     return _apply(_apply(_apply(token, _PLURAL), _SUFFIX), _FINAL_E)
 
 

@@ -92,6 +92,10 @@ class MessagesSink:
     def __init__(self, live: MessageStore, base_database: str) -> None:
         self.live = live
         self.base = base_database
+        # generation -> its store, kept across batches: a store holds each agent's thread
+        # owners once read (a new store per batch read them again from ClickHouse for every
+        # agent of every batch, on the one chdb thread the inserts use)
+        self._stores: dict[int, MessageStore] = {}
 
     def restore(self, extra: dict[str, list[str]]) -> None:
         return None
@@ -100,19 +104,29 @@ class MessagesSink:
         return {}
 
     def store(self, generation: int) -> MessageStore:
-        return MessageStore(
+        """The store of ``generation``'s database (the live one's engine, erasure registry,
+        parse and indexes), the same one for every batch of a replay."""
+        database = database_of(self.base, generation)
+        kept = self._stores.get(generation)
+        if kept is not None and kept.database == database and kept.engine is self.live.engine:
+            return kept
+        store = MessageStore(
             self.live.engine,
-            database_of(self.base, generation),
+            database,
             erased=self.live.erased,
             bulk_parse=self.live.bulk_parse,
             index_root=self.live.index_root,
             vector_root=self.live.vector_root,
         )
+        self._stores = {generation: store}  # one replay at a time: the last generation
+        return store
 
     async def prepare(self, generation: int, *, fresh: bool) -> None:
         """A fresh database whose posting lists wait for :meth:`seal` (the bulk load's
         inserts skip the view that fills them: 0.3x the cost per insert, measured); a resumed
         replay keeps the target as it was left."""
+        if fresh:  # nothing a store of an earlier attempt read holds any more
+            self._stores.pop(generation, None)
         target = self.store(generation)
         if target.database == self.live.database:
             raise InvalidRequest("cannot rebuild into the current generation", field="generation")
@@ -225,6 +239,7 @@ class MessagesSink:
     async def drop(self, generation: int) -> None:
         db = database_of(self.base, generation)
         if db != self.live.database:
+            self._stores.pop(generation, None)
             await self.live.engine.command(f"DROP DATABASE IF EXISTS {db}")
             await self.live.drop_index(db)
 
