@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import importlib.util
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -204,6 +205,12 @@ RawKind = Literal["view", "grouped view", "no view", "no view + fill"]
 RAW_KINDS: tuple[RawKind, ...] = ("view", "grouped view", "no view", "no view + fill")
 
 
+def _cpu() -> float:
+    """CPU seconds of this process so far, user and system, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 async def raw_insert(
     engine: ChdbEngine, tables: list[tuple[pa.Table, pa.Table]], kind: RawKind
 ) -> float:
@@ -292,6 +299,8 @@ async def main() -> None:
             if args.python_path:
                 paths = ("python", *paths)
             rates: dict[str, list[float]] = {k: [] for k in paths}
+            # the process's CPU (every thread: chdb's, Tantivy's, librdkafka's) per event
+            cpu: dict[str, list[float]] = {k: [] for k in paths}
             loads: list[float] = []
             last: Progress | None = None
             # python: decode, dedupe, row mapping, Arrow insert (batches of BATCH);
@@ -304,8 +313,10 @@ async def main() -> None:
                 k = rnd % len(paths)
                 for path in paths[k:] + paths[:k]:
                     loads.append(os.getloadavg()[0])
+                    started = _cpu()
                     if path in RAW_KINDS:
                         rates[path].append(await raw_insert(engine, tables, path))
+                        cpu[path].append((_cpu() - started) / len(rows) * 1e6)
                         continue
                     sink: object
                     size = batch
@@ -324,6 +335,7 @@ async def main() -> None:
                         live_index if path == "after+index" else live
                     ).database
                     rates[path].append(rep.rate)
+                    cpu[path].append((_cpu() - started) / max(rep.events_read, 1) * 1e6)
                     last = rep if path == "after" else last
             assert last is not None
             med = {path: statistics.median(r) for path, r in rates.items()}
@@ -342,11 +354,15 @@ async def main() -> None:
                 "no view + fill": "raw Arrow insert, no view, then one fill",
             }
             ratio_to = ("view", "grouped view", "no view", "no view + fill")
-            print(f"  {'':48} {'events/s':>9}  " + "  ".join(f"/{k:>14}" for k in ratio_to))
+            print(
+                f"  {'':48} {'events/s':>9}  {'µs CPU/ev':>9}  "
+                + "  ".join(f"/{k:>14}" for k in ratio_to)
+            )
             for path in paths:
                 each = " / ".join(f"{r:,.0f}" for r in rates[path])
                 ratios = "  ".join(f"{med[path] / med[k]:15.2f}" for k in ratio_to)
-                print(f"  {labels[path]:48} {med[path]:9,.0f}  {ratios}  ({each})")
+                per = statistics.median(cpu[path])
+                print(f"  {labels[path]:48} {med[path]:9,.0f}  {per:9.1f}  {ratios}  ({each})")
             after, raw = med["after"], med["view"]
             print(
                 f"  after / before = {after / med['before']:.2f}x; targets: >= 0.5 of raw with "
