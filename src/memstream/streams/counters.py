@@ -69,9 +69,6 @@ log = logging.getLogger(__name__)
 
 #: Records per batch: one Redis round trip counts them all.
 BATCH_MAX = 500
-#: Watermarks reloaded from the summary store at once (threads first seen in a batch).
-WATERMARK_LOADS = 32
-
 
 #: What counting one message needs: its thread, its offset in the thread, its token count.
 CountStep = tuple[ThreadRef, int, int]
@@ -368,14 +365,13 @@ class CountersProcessor(Processor):
         if lost:
             # First sight of these threads since Redis was (re)started: learn what is
             # summarized, then count their messages again (still in log order).
-            slots = asyncio.Semaphore(WATERMARK_LOADS)
-
-            async def load(ref: ThreadRef) -> tuple[ThreadRef, int]:
-                async with slots:
-                    current = await self._summaries.get_stored(ref)
-                return ref, current.last_message_offset if current is not None else -1
-
-            await self._state.init_watermarks(dict(await asyncio.gather(*map(load, lost))))
+            stored = await self._summaries.stored_many(lost)
+            await self._state.init_watermarks(
+                {
+                    ref: current.last_message_offset if current is not None else -1
+                    for ref, current in zip(lost, stored, strict=True)
+                }
+            )
             again = await self._state.count_threads(
                 {ref: groups[ref] for ref in lost}, positions=positions
             )
