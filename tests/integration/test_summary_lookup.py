@@ -1,7 +1,8 @@
 """``SummaryStore.stored_many`` (the counters' lookup of the threads new to Redis) answers what
 ``get_stored`` answers, thread by thread and in order, on a local folder (listed one after
 another) and on an in-memory obstore store (listed on a pool, as a remote store is): new
-threads, summarized ones (their newest version), and a listing that fails is a retryable error naming the thread."""
+threads and summarized ones (their newest version); a listing that fails is a retryable
+error naming the thread."""
 
 from __future__ import annotations
 
