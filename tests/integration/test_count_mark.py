@@ -184,3 +184,27 @@ async def test_a_rebuild_hands_its_count_mark_to_the_live_processor(
     # the live processor goes on from its committed offset (3): 3..9 again, then new ones
     await counters.count_many(msgs[3:])
     assert await state.counters(ref) == totals(range(12))
+
+
+async def test_a_loaded_watermark_is_set_and_counted_in_one_step(
+    redis_client: aioredis.Redis,
+) -> None:
+    """``count_threads(watermarks=...)``: a thread Redis has no watermark for gets the loaded
+    one (with its expiry) and is counted above it in the same step; a thread whose watermark
+    Redis learned meanwhile keeps Redis's; without a loaded one it is still unknown."""
+    state = ThreadState(redis_client)
+    fresh, learned, unknown = new_ref(), new_ref(), new_ref()
+    await state.init_watermarks({learned: 7})
+    steps = {ref: [(o, 10) for o in range(10)] for ref in (fresh, learned, unknown)}
+    fresh_c, learned_c, unknown_c = await state.count_threads(
+        steps, watermarks={fresh: 4, learned: 2}
+    )
+    assert (fresh_c.known, fresh_c.watermark, fresh_c.statuses) == (True, 4, "sssssccccc")
+    assert (fresh_c.messages_after, fresh_c.tokens_after) == (5, 50)
+    assert (learned_c.watermark, learned_c.statuses) == (7, "sssssssscc")
+    assert not unknown_c.known
+    assert await state.watermarks([fresh, learned, unknown]) == [4, 7, None]
+    assert 0 < await redis_client.ttl(redis_keys.watermark(fresh)) <= 7 * 24 * 3600
+    # a redelivery counts nothing again
+    again = await state.count_threads(steps, watermarks={unknown: -1})
+    assert [c.statuses for c in again] == ["sssssddddd", "ssssssssdd", "cccccccccc"]

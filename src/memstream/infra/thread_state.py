@@ -81,7 +81,9 @@ T = TypeVar("T")
 # "<topic>:<partition> <position or ->" per such partition. Otherwise the positions are raised
 # to <next offset> with the counts, unless some thread's watermark is unknown (the caller
 # counts those again, with the positions). ARGV[5..] = per thread its messages as
-# one string "<offset> <tokens> <offset> <tokens> ...". Two arguments per thread instead of three per
+# one string "<offset> <tokens> <offset> <tokens> ...", led by "w<watermark> " when the caller
+# loaded the thread's watermark from the summary store (set if Redis has none, as
+# ``init_watermarks`` does, in the same step as the count). Two arguments per thread instead of three per
 # message, and one script per batch, because packing a pipelined EVALSHA's arguments in
 # redis-py cost ~3x the script's own run time (docs/streams.md). The script spans threads,
 # so hash slots: memstream talks to one Redis/Valkey node (a Cluster client would have to
@@ -110,7 +112,16 @@ if positions ~= '' then
 end
 for j = 1, #ARGV - 4 do
   local base = KEYS[j]
+  local msgs = ARGV[j + 4]
   local wm = redis.call('GET', base .. 'summarized')
+  if string.byte(msgs, 1) == 119 then -- 'w': the watermark the caller loaded comes first
+    local sp = string.find(msgs, ' ', 1, true)
+    if not wm then
+      wm = string.sub(msgs, 2, (sp or 0) - 1)
+      redis.call('SET', base .. 'summarized', wm, 'EX', __WATERMARK_TTL__)
+    end
+    msgs = sp and string.sub(msgs, sp + 1) or ''
+  end
   if not wm then
     out[j] = 'nowm'; unknown = true
   else
@@ -138,7 +149,7 @@ for j = 1, #ARGV - 4 do
       end
     end
     local st, n, dt, dm = {}, 0, 0, 0
-    local words = string.gmatch(ARGV[j + 4], '%S+')
+    local words = string.gmatch(msgs, '%S+')
     for w in words do
       local off, tok = tonumber(w), tonumber(words())
       if tok < 0 then tok = 0 end
@@ -416,7 +427,9 @@ class ThreadState:
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
-        self._count_many = redis.register_script(_COUNT_MANY)
+        self._count_many = redis.register_script(
+            _COUNT_MANY.replace("__WATERMARK_TTL__", str(WATERMARK_TTL_S))
+        )
         self._claim_guard = redis.register_script(_CLAIM_GUARD)
         self._claim_guards = redis.register_script(_CLAIM_GUARDS)
         self._apply_span = redis.register_script(_APPLY_SPAN)
@@ -431,9 +444,13 @@ class ThreadState:
         counters_name: str = COUNTERS,
         legacy_claim_suffix: str = "",
         positions: ConsumerPositions | None = None,
+        watermarks: Mapping[ThreadRef, int] | None = None,
     ) -> list[ThreadCount]:
         """Count each thread's ``(offset, tokens)`` steps, in order, into its counters; one
-        :class:`ThreadCount` per thread, in ``steps`` order.
+        :class:`ThreadCount` per thread, in ``steps`` order. ``watermarks``: the last
+        summarized offset of threads whose watermark Redis did not know (loaded from the
+        summary store), set where Redis still has none (:meth:`init_watermarks`) in the same
+        step, so those threads count at once.
 
         One atomic script for all of them, in one round trip. Each message is counted once
         whatever the redeliveries (a per-thread high-water mark, with gaps for a thread's
@@ -462,6 +479,11 @@ class ThreadState:
         # map(str) over the flattened pairs: several times cheaper than an f-string per
         # message (it was 7 % of the processor's CPU); the script clamps negative tokens
         args += (" ".join(map(str, chain.from_iterable(s))) for s in steps.values())
+        if watermarks:
+            for i, ref in enumerate(steps, start=4):
+                if ref in watermarks:
+                    args[i] = f"w{int(watermarks[ref])} {args[i]}"
+
         raw = await _call(lambda: self._count_many(keys=keys, args=args), "counting messages")
         reply = raw.decode() if isinstance(raw, bytes) else str(raw)
         if reply.startswith("!"):

@@ -329,7 +329,8 @@ class CountersProcessor(Processor):
         """Count ``msgs`` (in log order); the ``summary.requested`` envelopes to publish.
 
         The same outcome as counting the messages one at a time, in three Redis round trips
-        at most (count, reload the watermarks Redis lost, claim guards).
+        at most (count; count again the threads whose watermark Redis lost, with it loaded
+        from the summary store; claim guards).
         """
         return await self.count_steps(
             [
@@ -352,8 +353,9 @@ class CountersProcessor(Processor):
         positions: ConsumerPositions | None = None,
     ) -> list[Envelope]:
         """Count each thread's ``(offset, token_count)`` steps (in log order); the
-        ``summary.requested`` envelopes to publish. Three Redis round trips at most (count,
-        reload the watermarks Redis lost, claim guards). ``positions``: the consumer
+        ``summary.requested`` envelopes to publish. Three Redis round trips at most (count;
+        count again the threads whose watermark Redis lost, with it loaded from the summary
+        store; claim guards). ``positions``: the consumer
         positions the batch reaches, checked and recorded with the counts
         (:meth:`ThreadState.count_threads`; raises ``PositionsBehind``)."""
         if not groups:
@@ -366,14 +368,13 @@ class CountersProcessor(Processor):
             # First sight of these threads since Redis was (re)started: learn what is
             # summarized, then count their messages again (still in log order).
             stored = await self._summaries.stored_many(lost)
-            await self._state.init_watermarks(
-                {
+            again = await self._state.count_threads(
+                {ref: groups[ref] for ref in lost},
+                positions=positions,
+                watermarks={
                     ref: current.last_message_offset if current is not None else -1
                     for ref, current in zip(lost, stored, strict=True)
-                }
-            )
-            again = await self._state.count_threads(
-                {ref: groups[ref] for ref in lost}, positions=positions
+                },
             )
             redone = dict(zip(lost, again, strict=True))
             counts = [redone.get(ref, c) for ref, c in zip(groups, counts, strict=True)]
