@@ -81,9 +81,10 @@ T = TypeVar("T")
 # "<topic>:<partition> <position or ->" per such partition. Otherwise the positions are raised
 # to <next offset> with the counts, unless some thread's watermark is unknown (the caller
 # counts those again, with the positions). ARGV[5..] = per thread its messages as
-# one string "<offset> <tokens> <offset> <tokens> ...", led by "w<watermark> " when the caller
-# loaded the thread's watermark from the summary store (set if Redis has none, as
-# ``init_watermarks`` does, in the same step as the count). Two arguments per thread instead of three per
+# one string "<offset> <tokens> <offset> <tokens> ...", led by "w<watermark> " when the
+# caller loaded the thread's watermark from the summary store (set if Redis has none, as
+# ``init_watermarks`` does, in the same step as the count). Two arguments per thread
+# instead of three per
 # message, and one script per batch, because packing a pipelined EVALSHA's arguments in
 # redis-py cost ~3x the script's own run time (docs/streams.md). The script spans threads,
 # so hash slots: memstream talks to one Redis/Valkey node (a Cluster client would have to
