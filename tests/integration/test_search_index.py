@@ -174,6 +174,34 @@ async def test_redelivered_bulk_batches_leave_one_copy(indexed_store: MessageSto
     assert explained(top)["terms"]["walrus"]["df"] == 1_200
 
 
+async def test_a_fill_over_unmerged_copies_leaves_one_document_per_message(
+    chdb_engine: ChdbEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ClickHouse holds a redelivered batch's copies until it merges them; a fill reads in
+    key order without FINAL and keeps a message's first copy (in steps of 97 here, so steps
+    end among copies): one document per message, the same df as the writes gave."""
+    db = f"t_{uuid.uuid4().hex[:12]}"
+    store = MessageStore(chdb_engine, db, index_root=tmp_path / "ix")
+    await store.ensure_schema()
+    msgs = [m(f"t{i % 5}", i, "user", f"walrus {WORDS[i % 60]}", minutes=i) for i in range(600)]
+    values = [encode(message_appended(x, ts=1)) for x in msgs]
+    for batch in (values[:500], values[:500], values, values[100:]):
+        assert await store.write_journal_batch(batch) is not None
+    stored = await chdb_engine.rows(f"SELECT count() FROM {db}.messages", {})
+    assert int(str(stored[0][0])) > 600  # the copies are there, unmerged
+    await close_indexes(tmp_path / "ix")
+    shutil.rmtree(tmp_path / "ix")
+    monkeypatch.setattr("memstream.projections.messages.store.INDEX_FILL_BATCH", 97)
+    again = MessageStore(chdb_engine, db, index_root=tmp_path / "ix")
+    await again.ensure_schema()
+    index = again.lexical_index()
+    assert index is not None and await index.count() == 600
+    spec = SearchSpec("acc", "ag", None, query_words("walrus"), 10, explain=True)
+    (top, *_) = await again.lexical_search(spec)
+    assert explained(top)["terms"]["walrus"]["df"] == 600
+    await close_indexes(tmp_path / "ix")
+
+
 async def test_erasure_removes_the_thread_from_the_index(indexed_store: MessageStore) -> None:
     await project(
         indexed_store,

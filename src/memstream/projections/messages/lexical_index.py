@@ -146,6 +146,9 @@ class IndexColumns:
     role: pa.Array | pa.ChunkedArray
     readers: Mapping[tuple[str, str, str], frozenset[str]]
     """(account, agent, thread) -> the thread's users; a thread not in it has none."""
+    body: pa.Array | pa.ChunkedArray | None = None
+    """The terms already analyzed and joined by spaces (ClickHouse's ``terms``, read by a
+    fill); None: analyzed on the index's thread (:func:`document_body`)."""
 
     def __len__(self) -> int:
         return len(self.account_id)
@@ -165,11 +168,14 @@ class IndexColumns:
             self.message_id,
             self.role,
         )
-        for a, g, t, o, ms, content, mid, role in zip(*(c.to_pylist() for c in cols), strict=True):
+        bodies = self.body.to_pylist() if self.body is not None else [None] * len(self)
+        for a, g, t, o, ms, content, mid, role, body in zip(
+            *(c.to_pylist() for c in cols), bodies, strict=True
+        ):
             if t != last[2] or g != last[1] or a != last[0]:  # rows come by thread
                 last = (a, g, t)
                 users = readers.get(last, nobody)
-            yield a, g, t, o, ms, content, None, mid, role, users
+            yield a, g, t, o, ms, content, body, mid, role, users
 
     def keys(self) -> list[str]:
         return [

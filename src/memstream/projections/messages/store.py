@@ -393,7 +393,7 @@ LIMIT {VECTOR_FILL_BATCH}""",
             log.warning("filling the lexical index of %s from its %d messages", db, total)
         started = time.perf_counter()
 
-        async def batches() -> AsyncIterator[list[IndexRow]]:
+        async def batches() -> AsyncIterator[IndexColumns]:
             # every thread's users, read once the index is marked filling: a thread that
             # gains one later is retagged when the fill ends (LexicalIndex.retag)
             owners = await self.engine.rows(
@@ -403,7 +403,8 @@ LIMIT {VECTOR_FILL_BATCH}""",
             )
             readers = {(str(a), str(g), str(t)): frozenset(_strings(us)) for a, g, t, us in owners}
             # in key order without FINAL (3-4x cheaper a step): a message's unmerged copies
-            # are adjacent, and only the first is kept
+            # are adjacent, and only the first is kept (_first_copies); the columns go to the
+            # index as they are (IndexColumns), made Python values on its thread
             after: tuple[str, str, str, int] = ("", "", "", -1)
             while True:
                 table = await self.engine.arrow(
@@ -418,39 +419,26 @@ LIMIT {INDEX_FILL_BATCH}""",
                 )
                 if not table.num_rows:
                     return
-                cols = [
-                    table.column(c).to_pylist()
-                    for c in (
-                        "account_id",
-                        "agent_id",
-                        "thread_id",
-                        "offset",
-                        "created_ms",
-                        "body",
-                        "content",
-                        "message_id",
-                        "role",
-                    )
-                ]
-                out = []
-                for a, g, t, o, ms, body, text, mid, role in zip(*cols, strict=True):
-                    if (a, g, t, o) != after:
-                        out.append(
-                            IndexRow(
-                                a,
-                                g,
-                                t,
-                                o,
-                                ms,
-                                text,
-                                body,
-                                mid,
-                                role,
-                                readers.get((a, g, t), NOBODY),
-                            )
-                        )
-                        after = (a, g, t, o)
-                yield out
+                last = table.slice(table.num_rows - 1).to_pylist()[0]
+                after = (
+                    str(last["account_id"]),
+                    str(last["agent_id"]),
+                    str(last["thread_id"]),
+                    int(last["offset"]),
+                )
+                table = _first_copies(table)
+                yield IndexColumns(
+                    table.column("account_id"),
+                    table.column("agent_id"),
+                    table.column("thread_id"),
+                    table.column("offset"),
+                    table.column("created_ms"),
+                    table.column("content"),
+                    table.column("message_id"),
+                    table.column("role"),
+                    readers,
+                    table.column("body"),
+                )
 
         n = await index.fill(batches)
         if total:
@@ -1500,6 +1488,21 @@ def _index_columns(
         col("role"),
         readers,
     )
+
+
+def _first_copies(table: pa.Table) -> pa.Table:
+    """The rows of ``table`` (in key order) whose key (account, agent, thread, offset)
+    differs from the row before: a message's unmerged copies are adjacent. A fill's step
+    starts after the previous step's last key, so its first row is never a copy."""
+    if table.num_rows < 2:
+        return table
+    same: Any = None
+    for c in ("account_id", "agent_id", "thread_id", "offset"):
+        col = table.column(c)
+        eq = pc.equal(col.slice(1), col.slice(0, table.num_rows - 1))
+        same = eq if same is None else pc.and_(same, eq)
+    keep = pa.concat_arrays([pa.array([True]), pc.invert(same).combine_chunks()])
+    return table.filter(keep)
 
 
 def _triples(table: pa.Table) -> list[tuple[str, str, str]]:
