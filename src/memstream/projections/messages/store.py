@@ -885,8 +885,8 @@ LIMIT {INDEX_FILL_BATCH}""",
 
         Each step starts as soon as what it needs is there: the query's embedding (with the
         caller's hidden threads) beside BM25; the walk once the vector is there, and the
-        text and terms of the messages it found right after it (beside BM25 if that is
-        still running); the similarity of BM25's candidates (an exact scan of at most
+        text and terms of the messages it found that BM25's list lacks right after it; the
+        similarity of BM25's candidates (an exact scan of at most
         DENSE_WINDOW points by id) once the vector and BM25's list are there; the others'
         BM25 (arithmetic on the rows read) once all is."""
         assert self.embedder is not None
@@ -900,7 +900,10 @@ LIMIT {INDEX_FILL_BATCH}""",
             vector: Sequence[float], hidden: Sequence[str]
         ) -> tuple[dict[tuple[str, int], float], list[Row]]:
             nearest = await index.nearest(self._dense_query(spec, vector, hidden, DENSE_WINDOW))
-            return nearest, await self._rows_at(spec, list(nearest))
+            # the messages BM25's list holds need no reading (it is there by now, as a rule:
+            # BM25 runs beside the embedding, the walk after it)
+            listed = {(h.thread_id, h.offset) for h in await bm25}
+            return nearest, await self._rows_at(spec, [k for k in nearest if k not in listed])
 
         try:
             embedded, hidden = await embedding
