@@ -160,8 +160,12 @@ class SummaryStore:
         A thread with nothing stored (what the counters processor meets for every new
         thread) costs one listing of its folder instead of two failed reads (``summary.json``,
         then ``summary.v1.json``, each a raised not-found): bench/summary_lookup.py."""
-        if not await self._has_objects(ref):
+        if not await asyncio.to_thread(self._has_objects, ref):
             return None
+        return await self._newest(ref)
+
+    async def _newest(self, ref: ThreadRef) -> Summary | None:
+        """The newest summary of a thread whose folder holds objects."""
         latest = await self._read(summary_path(ref))
         version = latest.version if latest is not None else 0
         newest = latest
@@ -176,11 +180,10 @@ class SummaryStore:
         asks for the threads of a batch new to Redis (usually new threads, with nothing
         stored).
 
-        Their folders are listed by blocking calls on a worker thread, one after another
-        for a local folder and :data:`LISTINGS_AT_ONCE` at a time for a remote store: an
-        awaited obstore call costs ~225 µs of this process's CPU, a blocking one ~34
-        (bench/summary_lookup.py). Only the threads with objects are read further,
-        :data:`LISTINGS_AT_ONCE` at a time."""
+        Their folders are listed on one worker thread, one after another for a local folder
+        and :data:`LISTINGS_AT_ONCE` at a time for a remote store (:meth:`_has_objects`).
+        Only the threads with objects are read further, :data:`LISTINGS_AT_ONCE` at a
+        time."""
         if not refs:
             return []
         stored = await asyncio.to_thread(self._have_objects, list(refs))
@@ -190,18 +193,21 @@ class SummaryStore:
             if not has:
                 return None
             async with slots:
-                return await self.get_stored(ref)
+                return await self._newest(ref)
 
         return list(await asyncio.gather(*map(newest, refs, stored)))
 
     def _have_objects(self, refs: list[ThreadRef]) -> list[bool]:
         """Blocking: whether each thread's folder holds an object."""
         if isinstance(self._store, LocalStore) or len(refs) == 1:
-            return [self._has_objects_blocking(r) for r in refs]
+            return [self._has_objects(r) for r in refs]
         with ThreadPoolExecutor(LISTINGS_AT_ONCE, thread_name_prefix="summary-list") as pool:
-            return list(pool.map(self._has_objects_blocking, refs))
+            return list(pool.map(self._has_objects, refs))
 
-    def _has_objects_blocking(self, ref: ThreadRef) -> bool:
+    def _has_objects(self, ref: ThreadRef) -> bool:
+        """Blocking: whether the thread's folder holds an object. A blocking obstore call
+        (run on a worker thread) costs ~34 µs of this process's CPU where an awaited one
+        costs ~225 (bench/summary_lookup.py)."""
         try:
             listed = obstore.list_with_delimiter(self._store, thread_folder(ref))
         except (NotFoundError, FileNotFoundError):
@@ -213,15 +219,6 @@ class SummaryStore:
     async def get_version(self, ref: ThreadRef, version: int) -> Summary | None:
         """One immutable version, or None."""
         return await self._read(version_path(ref, version))
-
-    async def _has_objects(self, ref: ThreadRef) -> bool:
-        try:
-            listed = await obstore.list_with_delimiter_async(self._store, thread_folder(ref))
-        except (NotFoundError, FileNotFoundError):
-            return False
-        except Exception as e:
-            raise RetryableInfraError(f"object store listing of {ref.key} failed: {e}") from e
-        return bool(listed["objects"])
 
     async def _read(self, path: str) -> Summary | None:
         try:

@@ -84,9 +84,9 @@ T = TypeVar("T")
 # one string "<offset> <tokens> <offset> <tokens> ...", led by "w<watermark> " when the
 # caller loaded the thread's watermark from the summary store (set if Redis has none, as
 # ``init_watermarks`` does, in the same step as the count). Two arguments per thread
-# instead of three per
-# message, and one script per batch, because packing a pipelined EVALSHA's arguments in
-# redis-py cost ~3x the script's own run time (docs/streams.md). The script spans threads,
+# instead of three per message, and one script per batch, because packing a pipelined
+# EVALSHA's arguments in redis-py cost ~3x the script's own run time (docs/streams.md).
+# The script spans threads,
 # so hash slots: memstream talks to one Redis/Valkey node (a Cluster client would have to
 # split a batch by slot). Returns one string (a list reply costs a readline per element in
 # redis-py), a part per thread joined by "|": "nowm" if its watermark is unknown, else

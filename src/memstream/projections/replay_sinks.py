@@ -106,13 +106,12 @@ class MessagesSink:
     def store(self, generation: int) -> MessageStore:
         """The store of ``generation``'s database (the live one's engine, erasure registry,
         parse and indexes), the same one for every batch of a replay."""
-        database = database_of(self.base, generation)
         kept = self._stores.get(generation)
-        if kept is not None and kept.database == database and kept.engine is self.live.engine:
+        if kept is not None and kept.engine is self.live.engine:
             return kept
         store = MessageStore(
             self.live.engine,
-            database,
+            database_of(self.base, generation),
             erased=self.live.erased,
             bulk_parse=self.live.bulk_parse,
             index_root=self.live.index_root,

@@ -156,8 +156,6 @@ class IndexColumns:
     def items(self) -> Iterator[_Item]:
         """Each message as :meth:`LexicalIndex._add` reads it (body None: analyzed there)."""
         readers, nobody = self.readers, frozenset[str]()
-        last: tuple[str, str, str] = ("", "", "")
-        users = nobody
         cols = (
             self.account_id,
             self.agent_id,
@@ -172,10 +170,7 @@ class IndexColumns:
         for a, g, t, o, ms, content, mid, role, body in zip(
             *(c.to_pylist() for c in cols), bodies, strict=True
         ):
-            if t != last[2] or g != last[1] or a != last[0]:  # rows come by thread
-                last = (a, g, t)
-                users = readers.get(last, nobody)
-            yield a, g, t, o, ms, content, body, mid, role, users
+            yield a, g, t, o, ms, content, body, mid, role, readers.get((a, g, t), nobody)
 
     def keys(self) -> list[str]:
         return [
@@ -311,19 +306,6 @@ def _document_of(
         }
     )
     return head + own[1:].decode()
-
-
-def _document(
-    head: str,
-    key: str,
-    offset: int,
-    created_ms: int,
-    body: str,
-    message_id: str,
-    role: str,
-    content: str,
-) -> str:
-    return _document_of(head, key, offset, created_ms, body, _pack(message_id, role, content))
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,7 +475,8 @@ class LexicalIndex:
             body = document_body(content) if terms is None else terms
             if not body:  # matches nothing: nothing to index
                 continue
-            w.add_json(_document(head, key, offset, created_ms, body, message_id, role, content))
+            record = _pack(message_id, role, content)
+            w.add_json(_document_of(head, key, offset, created_ms, body, record))
             n += 1
         return n
 
@@ -605,7 +588,8 @@ class LexicalIndex:
 
     async def fill(self, batches: Callable[[], Any]) -> int:
         """Replace the whole index with the rows of ``batches`` (an async iterator factory
-        of :class:`IndexRow` lists, read from ClickHouse, one row per message, with their
+        of :class:`IndexColumns` or :class:`IndexRow` lists, read from ClickHouse, one row
+        per message, with their
         threads' users as read after the marker was set), under the filling marker: an
         interrupted fill runs again at the next start."""
         self.mark_filling()
@@ -613,7 +597,7 @@ class LexicalIndex:
         n = 0
         source = batches().__aiter__()
         # the next batch is read (ClickHouse's thread) while this one is added (the index's)
-        ahead: asyncio.Future[list[IndexRow]] = asyncio.ensure_future(anext(source))
+        ahead: asyncio.Future[IndexColumns | list[IndexRow]] = asyncio.ensure_future(anext(source))
         while True:
             try:
                 rows = await ahead

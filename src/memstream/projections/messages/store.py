@@ -46,7 +46,6 @@ from memstream.projections.messages.fusion import coverage, fuse, query_weight
 from memstream.projections.messages.lexical_index import (
     IndexColumns,
     IndexQuery,
-    IndexRow,
     LexicalIndex,
     StoredMessage,
     close_indexes,
@@ -605,7 +604,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         index = self.lexical_index()
         if index is None:
             if messages.num_rows:
-                await self._insert_messages(messages, None, [])
+                await self._insert_messages(messages, None, None)
             return
         owned = set(_triples(owners))
         readers = await self._readers(owned | set(_triples(messages)))
@@ -619,7 +618,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         self,
         table: pa.Table,
         index: LexicalIndex | None,
-        index_rows: Sequence[IndexRow] | IndexColumns,
+        index_rows: IndexColumns | None,
         retag: Sequence[tuple[str, str, str, frozenset[str]]] = (),
     ) -> None:
         """The ``messages`` insert (its views write the postings and the text) and, side by
@@ -627,7 +626,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         a user (``retag``) then its upsert; durable when both have returned. Both after the
         owners: a message is never searchable before its thread's privacy is known."""
         insert = self.engine.insert_arrow(self.database, "messages", table)
-        if index is None:
+        if index is None or index_rows is None:
             await insert
             return
 
@@ -641,11 +640,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         if isinstance(inserted, BaseException):
             # nothing in the index that ClickHouse does not hold (the batch is retried)
             with contextlib.suppress(Exception):
-                await index.delete_keys(
-                    index_rows.keys()
-                    if isinstance(index_rows, IndexColumns)
-                    else [r.key for r in index_rows]
-                )
+                await index.delete_keys(index_rows.keys())
             raise inserted
         if isinstance(indexed, BaseException):
             raise indexed
