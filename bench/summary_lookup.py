@@ -1,10 +1,11 @@
 """Bench: the summary-store lookup the counters processor makes for every thread new to
 Redis (``SummaryStore.get_stored``), against the two reads it made before (``summary.json``
 then ``summary.v1.json``, each a raised not-found for a new thread), in the same process,
-interleaved rounds, on a local object store folder; and ``SummaryStore.stored_many`` (what
-the counters now call: a batch's new threads listed by blocking calls on a worker thread).
-Also a thread that has a summary (the listing is one call more there). Prints µs per lookup (wall and this process's CPU) and the
-ratio; asserts nothing. Run: ``python bench/summary_lookup.py [--threads 1000] [--rounds 5]``.
+interleaved rounds, on a local object store folder (``get_stored`` lists the thread's folder
+by a blocking call on a worker thread); and ``SummaryStore.stored_many`` (what the counters
+call: a batch's new threads listed on one worker thread). Also a thread that has a summary
+(the listing is one call more there). Prints µs per lookup (wall and this process's CPU)
+and the ratio; asserts nothing. Run: ``python bench/summary_lookup.py [--threads 1000] [--rounds 5]``.
 """
 
 from __future__ import annotations
