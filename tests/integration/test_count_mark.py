@@ -25,7 +25,7 @@ from memstream.infra.summary_store import SummaryStore
 from memstream.infra.thread_state import ThreadState
 from memstream.projections.replay_sinks import CountersSink
 from memstream.schemas.events import message_appended
-from memstream.schemas.records import Message, ThreadRef
+from memstream.schemas.records import Message, Summary, ThreadRef
 from memstream.streams.counters import CountersProcessor
 
 T0 = FixedClock().now()
@@ -208,3 +208,76 @@ async def test_a_loaded_watermark_is_set_and_counted_in_one_step(
     # a redelivery counts nothing again
     again = await state.count_threads(steps, watermarks={unknown: -1})
     assert [c.statuses for c in again] == ["sssssddddd", "ssssssssdd", "cccccccccc"]
+
+
+class CountingState(ThreadState):
+    """The real adapter, counting its ``count_threads`` calls (Valkey round trips)."""
+
+    calls = 0
+
+    async def count_threads(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return await super().count_threads(*args, **kwargs)
+
+
+async def test_a_new_thread_is_counted_in_one_step_above_its_stored_summary(
+    redis_client: aioredis.Redis, store: SummaryStore
+) -> None:
+    """A thread this process has not counted gets its watermark from the summary store
+    before its first count: one count for the batch (not "unknown", then again), and a
+    message a stored summary covers is still never counted. This holds for a new
+    conversation and for a summarized thread met after a restart with no watermark in
+    Valkey (its watermark key gone: an expiry, a wipe)."""
+    state = CountingState(redis_client)
+    counters = CountersProcessor(state, store, guard_ttl_s=600, clock=FixedClock())
+    new, summarized = new_ref(), new_ref()
+    await store.write(
+        summarized, Summary(1, T0, 9, "m9", "summary", 5, 10), expected_previous_version=0
+    )
+    await counters.count_many(messages(new, range(15)) + messages(summarized, range(15)))
+    assert state.calls == 1
+    assert await state.counters(new) == totals(range(15))
+    assert await state.counters(summarized) == totals(range(10, 15))
+    assert await state.watermarks([new, summarized]) == [-1, 9]
+    # later batches of the same threads: counted in one step, no second listing needed
+    await counters.count_many(messages(new, range(15, 20)) + messages(summarized, range(15, 20)))
+    assert state.calls == 2
+    assert await state.counters(summarized) == totals(range(10, 20))
+
+
+async def test_a_remembered_thread_whose_watermark_valkey_lost_is_loaded_again(
+    redis_client: aioredis.Redis, store: SummaryStore
+) -> None:
+    """A thread this process counted before, whose watermark Valkey then lost (a wipe, a
+    failover), is not trusted to the process's memory: the count says "unknown", the
+    watermark comes from the summary store, and the messages the summary covers stay
+    uncounted."""
+    state = CountingState(redis_client)
+    counters = CountersProcessor(state, store, guard_ttl_s=600, clock=FixedClock())
+    ref = new_ref()
+    await counters.count_many(messages(ref, range(5)))
+    await store.write(ref, Summary(1, T0, 9, "m9", "summary", 5, 10), expected_previous_version=0)
+    wiped = [k async for k in redis_client.scan_iter(match=redis_keys.thread_pattern(ref))]
+    assert wiped
+    await redis_client.delete(*wiped)
+    calls = state.calls
+    await counters.count_many(messages(ref, range(5, 15)))
+    assert state.calls == calls + 2  # "unknown", then counted with the loaded watermark
+    assert await state.counters(ref) == totals(range(10, 15))
+    assert await state.watermarks([ref]) == [9]
+
+
+async def test_the_remembered_threads_stay_bounded(
+    redis_client: aioredis.Redis, store: SummaryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("memstream.streams.counters.KNOWN_MAX", 10)
+    state = ThreadState(redis_client)
+    counters = CountersProcessor(state, store, guard_ttl_s=600, clock=FixedClock())
+    refs = [new_ref() for _ in range(25)]
+    for ref in refs:
+        await counters.count_many(messages(ref, range(3)))
+    assert len(counters._known) <= 10
+    assert refs[-1] in counters._known
+    for ref in refs:  # forgotten or not, every thread counted once
+        await counters.count_many(messages(ref, range(3)))
+        assert await state.counters(ref) == totals(range(3))

@@ -39,6 +39,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,12 @@ BATCH_MAX = 500
 
 #: What counting one message needs: its thread, its offset in the thread, its token count.
 CountStep = tuple[ThreadRef, int, int]
+
+#: Threads this process remembers having counted (the oldest half forgotten past this): a
+#: thread it does not remember has its watermark loaded from the summary store before its
+#: first count, so a new conversation is counted in one step instead of answering "unknown"
+#: first (see :meth:`CountersProcessor.count_threads`). ~100 bytes a thread.
+KNOWN_MAX: Final = 200_000
 
 
 def to_count(env: Envelope) -> CountStep:
@@ -203,6 +210,8 @@ class CountersProcessor(Processor):
         self._suspect: dict[tuple[str, int], int] = {}
         #: threads caught up since the last loss (each is checked once)
         self._caught_up: set[ThreadKey] = set()
+        #: threads counted by this process, oldest first (see :data:`KNOWN_MAX`)
+        self._known: dict[ThreadRef, None] = {}
 
     async def start(self, ctx: ProcessorContext) -> None:
         self._ctx = ctx
@@ -353,20 +362,36 @@ class CountersProcessor(Processor):
         positions: ConsumerPositions | None = None,
     ) -> list[Envelope]:
         """Count each thread's ``(offset, token_count)`` steps (in log order); the
-        ``summary.requested`` envelopes to publish. Three Redis round trips at most (count;
-        count again the threads whose watermark Redis lost, with it loaded from the summary
-        store; claim guards). ``positions``: the consumer
+        ``summary.requested`` envelopes to publish. Two Redis round trips (count; claim
+        guards), three when Redis lost the watermark of a thread this process had counted
+        (count again, with it loaded from the summary store). ``positions``: the consumer
         positions the batch reaches, checked and recorded with the counts
-        (:meth:`ThreadState.count_threads`; raises ``PositionsBehind``)."""
+        (:meth:`ThreadState.count_threads`; raises ``PositionsBehind``).
+
+        A thread this process has not counted yet (a new conversation, or any thread after
+        a restart) has its watermark loaded from the summary store first and handed to the
+        count, which sets it only where Redis has none (Redis's own wins): a new thread is
+        counted in the first step instead of coming back "unknown" and being counted again
+        (its messages sent and parsed twice, one more round trip a batch)."""
         if not groups:
             if positions is not None:
                 await self._state.count_threads({}, positions=positions)
             return []
-        counts = await self._state.count_threads(groups, positions=positions)
+        known = self._known
+        fresh = [ref for ref in groups if ref not in known]
+        loaded: dict[ThreadRef, int] | None = None
+        if fresh:
+            stored = await self._summaries.stored_many(fresh)
+            loaded = {
+                ref: current.last_message_offset if current is not None else -1
+                for ref, current in zip(fresh, stored, strict=True)
+            }
+        counts = await self._state.count_threads(groups, positions=positions, watermarks=loaded)
         lost = [ref for ref, c in zip(groups, counts, strict=True) if not c.known]
         if lost:
-            # First sight of these threads since Redis was (re)started: learn what is
-            # summarized, then count their messages again (still in log order).
+            # Redis lost the watermark of threads this process had counted (a wipe, a
+            # failover): learn what is summarized, then count their messages again (still
+            # in log order).
             stored = await self._summaries.stored_many(lost)
             again = await self._state.count_threads(
                 {ref: groups[ref] for ref in lost},
@@ -378,6 +403,12 @@ class CountersProcessor(Processor):
             )
             redone = dict(zip(lost, again, strict=True))
             counts = [redone.get(ref, c) for ref, c in zip(groups, counts, strict=True)]
+        if fresh:
+            for ref in fresh:
+                known[ref] = None
+            if len(known) > KNOWN_MAX:
+                for ref in list(itertools.islice(known, len(known) // 2)):
+                    del known[ref]
         candidates: list[_Counted] = []
         for (ref, steps), c in zip(groups.items(), counts, strict=True):
             # Counters only grow within a batch: below the thresholds after the last message
