@@ -54,7 +54,9 @@ fill or build: only the queries).
 Prints the build figures (N, vectors, load / fill / graph build seconds, the index sizes),
 a table of p50 / p99 per path with its p99 against BM25 only's and against the ClickHouse
 path's, how often the two search paths gave the same ten hits (the walk against the exact
-SQL scan), and the line "search p99 with dense on at N messages: X ms (target 50)".
+SQL scan), how long the event loop stops while the served search and BM25 only run (a task
+sleeping 1 ms at a time, how late it wakes, against an idle loop), and the line "search
+p99 with dense on at N messages: X ms (target 50)".
 """
 
 from __future__ import annotations
@@ -197,6 +199,31 @@ def query_texts(vocab: np.ndarray, count: int, seed: int) -> list[str]:
     """``count`` query texts in transcript_search's five shapes, in turn."""
     shapes = list(ts.query_shapes(vocab, np.random.default_rng(seed)).values())
     return [shapes[q % len(shapes)]() for q in range(count)]
+
+
+async def loop_stalls(
+    run: Callable[[SearchSpec], Awaitable[Any]], specs: list[SearchSpec]
+) -> tuple[float, float, float, float]:
+    """How late a task sleeping 1 ms at a time wakes while ``run`` answers ``specs`` one
+    after another on the same loop: p50, p99 and max ms late, and the ms of waits over 5 ms
+    per query. A call that holds the GIL on a worker thread (qdrant-edge's search does) stops
+    the loop for its length, whatever thread it runs on."""
+    late: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        while not done:
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            late.append((time.perf_counter() - t - 0.001) * 1000)
+
+    task = asyncio.ensure_future(ticker())
+    for spec in specs:
+        await run(spec)
+    done = True
+    await task
+    stalled = sum(x for x in late if x > 5) / max(len(specs), 1)
+    return ts.pct(late, 50), ts.pct(late, 99), max(late), stalled
 
 
 def caller(q: int) -> Caller:
@@ -444,6 +471,14 @@ async def run(
             print(f"  {q + 1} queries", flush=True)
     load.append(os.getloadavg()[0])
     assert embedder.hits == 0, "a query vector came from a cache"
+    stalls = {
+        name: await loop_stalls(run, specs[args.warmup :])
+        for name, run in (
+            ("search, dense via vector index", lambda s: hits(store, s)),
+            (BM25, bm25),
+            ("idle (a 40 ms sleep a query)", lambda s: asyncio.sleep(0.04)),
+        )
+    }
     await before.close()
     await store.close()
 
@@ -483,6 +518,15 @@ async def run(
         print(
             f"the two search paths gave the same ten hits in the same order for {same} of "
             f"{asked_both} queries (mean overlap of the ten {overlap / asked_both:.1f})"
+        )
+    print(
+        "the event loop while searches run one after another (a task sleeping 1 ms in a loop, "
+        "how late it wakes: what any other request of the process waits):"
+    )
+    for name, (p50, p99, worst, stalled) in stalls.items():
+        print(
+            f"  {name}: late p50 {p50:.2f} / p99 {p99:.2f} / max {worst:.1f} ms; "
+            f"{stalled:.1f} ms of waits over 5 ms a query"
         )
     where = (
         f"one account, {args.agents} agents of ~{n // args.agents:,}"
