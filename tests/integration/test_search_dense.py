@@ -13,7 +13,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +28,11 @@ from memstream.projections.messages import MessageStore
 from memstream.projections.messages.chdb_engine import ChdbEngine
 from memstream.projections.messages.fusion import bm25
 from memstream.projections.messages.sql import BM25_B, BM25_K1
-from memstream.projections.messages.vector_index import DenseQuery
+from memstream.projections.messages.vector_index import (
+    DenseQuery,
+    VectorIndex,
+    close_vector_indexes,
+)
 from memstream.projections.messages.vectors import MessageVectors
 from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import message_appended
@@ -45,6 +49,14 @@ FILLER = [
 ]
 EVIDENCE = "I adopted a beagle from the animal shelter last week."
 PARAPHRASE = "Which dog joined the household recently?"  # shares no term with EVIDENCE
+
+
+@pytest.fixture(autouse=True)
+async def _close_vector_indexes(tmp_path: Path) -> AsyncIterator[None]:
+    """Every vector index a test opened under its folder closed after it (one in a child
+    process stops its child)."""
+    yield
+    await close_vector_indexes(tmp_path)
 
 
 @pytest.fixture
@@ -306,22 +318,27 @@ async def _other_conversation(store: MessageStore, thread: str) -> None:
 
 
 async def _dense_pair(
-    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path, *, process: bool = False
 ) -> tuple[MessageStore, MessageStore]:
-    """Two stores over one database: the ClickHouse scan and the vector index."""
+    """Two stores over one database: the ClickHouse scan and the vector index (``process``:
+    in a child process, as ``memstream up`` keeps it)."""
     db = f"t_{uuid.uuid4().hex[:12]}"
     sql = MessageStore(chdb_engine, db, embedder=embedder)
-    indexed = MessageStore(chdb_engine, db, embedder=embedder, vector_root=tmp_path / "v")
+    indexed = MessageStore(
+        chdb_engine, db, embedder=embedder, vector_root=tmp_path / "v", vector_process=process
+    )
     await sql.ensure_schema()
     return sql, indexed
 
 
+@pytest.mark.parametrize("process", [False, True], ids=["in-process", "child-process"])
 async def test_the_index_gives_the_sql_scan_s_messages_and_similarities(
-    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path, process: bool
 ) -> None:
     """On private threads of two users, an anonymous caller, another agent and a thread
-    scope, the index's dense side is the SQL scan's, message for message."""
-    sql, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
+    scope, the index's dense side is the SQL scan's, message for message; the same with
+    the index in a child process."""
+    sql, indexed = await _dense_pair(chdb_engine, embedder, tmp_path, process=process)
     await _conversation(sql, "alice-1", user="alice")
     await _conversation(sql, "bob-1", user="bob")
     await _conversation(sql, "open")
@@ -370,10 +387,11 @@ async def test_the_index_gives_the_sql_scan_s_messages_and_similarities(
             assert math.isclose(sim, want[k], abs_tol=1e-5), (user, thread, k)
 
 
+@pytest.mark.parametrize("process", [False, True], ids=["in-process", "child-process"])
 async def test_a_thread_that_gains_a_user_is_hidden_from_the_index_at_once(
-    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path, process: bool
 ) -> None:
-    _, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
+    _, indexed = await _dense_pair(chdb_engine, embedder, tmp_path, process=process)
     await _conversation(indexed, "t")
     await MessageVectors(indexed, embedder).catch_up()
     assert ("t", 24) in await search(indexed, Caller("acc", "ag", "bob"), query=PARAPHRASE)
@@ -382,13 +400,14 @@ async def test_a_thread_that_gains_a_user_is_hidden_from_the_index_at_once(
     assert ("t", 24) in await search(indexed, Caller("acc", "ag", "alice"), query=PARAPHRASE)
 
 
+@pytest.mark.parametrize("process", [False, True], ids=["in-process", "child-process"])
 async def test_a_lost_or_interrupted_index_is_filled_from_clickhouse_at_start(
-    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path
+    chdb_engine: ChdbEngine, embedder: CachingEmbedder, tmp_path: Path, process: bool
 ) -> None:
     """Deleted, half-filled (its marker left by a crash) or missing points: the next start
     fills it from ``message_vectors``; searches scan ClickHouse meanwhile, never the
     incomplete shard; erasure removes the thread's points."""
-    sql, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
+    sql, indexed = await _dense_pair(chdb_engine, embedder, tmp_path, process=process)
     await _conversation(sql, "a")
     await _other_conversation(sql, "b")  # other words: no exact ties for the ranking
     await MessageVectors(sql, embedder).catch_up()  # ClickHouse only: an upgrade
@@ -538,7 +557,7 @@ async def test_the_vector_loop_builds_the_graphs_and_searches_find_the_same(
     _, indexed = await _dense_pair(chdb_engine, embedder, tmp_path)
     await _conversation(indexed, "a")
     index = indexed.vector_index(embedder.model)
-    assert index is not None
+    assert isinstance(index, VectorIndex)
     index.build_after = 10
     vectors = MessageVectors(indexed, embedder)
     assert await vectors.catch_up() == 25  # its step builds once 25 >= 10 are in no graph

@@ -129,6 +129,13 @@ class Settings(BaseSettings):
         "ClickHouse; 'auto', qdrant with embedded chdb, else clickhouse "
         "(docs/transcript-search.md).",
     )
+    transcript_vector_process: bool = Field(
+        default=True,
+        description="Keep each transcript vector index (qdrant-edge) in a child process of "
+        "its own: qdrant-edge holds the GIL for the whole of a query, so in the serving "
+        "process a search's walk over a large agent stops every other request for its "
+        "length (~11 ms at 1M messages). false: in this process (docs/transcript-search.md).",
+    )
     transcript_dense: bool = Field(
         default=True,
         description="Transcript search's dense side: embed each projected message (behind "

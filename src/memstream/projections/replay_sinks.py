@@ -116,6 +116,7 @@ class MessagesSink:
             bulk_parse=self.live.bulk_parse,
             index_root=self.live.index_root,
             vector_root=self.live.vector_root,
+            vector_process=self.live.vector_process,
         )
         self._stores = {generation: store}  # one replay at a time: the last generation
         return store

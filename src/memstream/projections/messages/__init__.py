@@ -63,6 +63,7 @@ def store_from_settings(settings: Settings) -> MessageStore:
         settings.clickhouse_database,
         index_root=index_root(settings),
         vector_root=vector_root(settings),
+        vector_process=settings.transcript_vector_process,
     )
 
 

@@ -122,8 +122,8 @@ from memstream.projections.messages.text_table import (
 )
 from memstream.projections.messages.text_table import backfill_sql as text_backfill_sql
 from memstream.projections.messages.vector_index import (
+    DenseIndex,
     DenseQuery,
-    VectorIndex,
     VectorRow,
     by_similarity,
     close_vector_indexes,
@@ -193,11 +193,15 @@ class MessageStore:
         bulk_parse: BulkParse = "arrow",
         index_root: Path | None = None,
         vector_root: Path | None = None,
+        vector_process: bool = False,
     ) -> None:
         self.engine = engine
         # the vector indexes' directories (<vector_root>/<database>/<model>), or None: the
         # dense side scans message_vectors in ClickHouse (a ClickHouse server)
         self.vector_root = vector_root
+        # each vector index in a child process of its own (qdrant-edge holds the GIL for a
+        # whole query: in this process a search's walk stops the event loop)
+        self.vector_process = vector_process
         # the lexical index's directories (one per database: <index_root>/<database>), or
         # None: BM25 from the posting lists (a ClickHouse server, or Tantivy not installed)
         self.index_root = index_root
@@ -311,12 +315,15 @@ class MessageStore:
                 self._postings[db] = True  # a table that answers never stops answering here
         return known
 
-    def vector_index(self, model: str, database: str | None = None) -> VectorIndex | None:
+    def vector_index(self, model: str, database: str | None = None) -> DenseIndex | None:
         """The vector index of ``model``'s vectors in ``database`` (this store's by default),
         opened on first use; None without a ``vector_root``."""
         if self.vector_root is None:
             return None
-        return open_vector_index(self.vector_root / (database or self.database) / model_dir(model))
+        return open_vector_index(
+            self.vector_root / (database or self.database) / model_dir(model),
+            process=self.vector_process,
+        )
 
     async def ensure_vectors(self, model: str) -> None:
         """Fill this database's vector index of ``model`` from ``message_vectors`` when it
@@ -868,7 +875,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         return {k: got[k] for k in missing if k in got}
 
     async def _indexed_sides(
-        self, spec: SearchSpec, wide: SearchSpec, index: VectorIndex
+        self, spec: SearchSpec, wide: SearchSpec, index: DenseIndex
     ) -> tuple[
         dict[tuple[str, int], float],
         dict[tuple[str, int], float],
@@ -1408,14 +1415,18 @@ LIMIT {INDEX_FILL_BATCH}""",
         )
         return [(str(r[0]), str(r[1])) for r in rows]
 
-    def _vector_indexes(self) -> list[VectorIndex]:
+    def _vector_indexes(self) -> list[DenseIndex]:
         """This database's vector indexes, one per model that has a directory."""
         if self.vector_root is None:
             return []
         root = self.vector_root / self.database
         if not root.is_dir():
             return []
-        return [open_vector_index(p) for p in sorted(root.iterdir()) if p.is_dir()]
+        return [
+            open_vector_index(p, process=self.vector_process)
+            for p in sorted(root.iterdir())
+            if p.is_dir()
+        ]
 
     async def close(self) -> None:
         """Commit and close the lexical and vector indexes under this store's roots (the

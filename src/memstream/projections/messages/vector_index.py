@@ -43,8 +43,12 @@ Guarantees:
   condition, checked at every step of the walk (with ACORN), cost more than the walk itself
   at 1M (p50 / p99 17.9 / 55.6 against 7.9 / 17.0 ms without it, 1,000 of 10,000 threads
   hidden).
-- Queries release the GIL (a spinning thread kept running beside them); a write holds it
-  for its batch, so fills write :data:`UPSERT_CHUNK` points at a time.
+- **qdrant-edge holds the GIL** for the whole of a query and of a write, on whatever thread
+  calls it (measured on the 1M shard: a Python thread beside a loop of walks ran ~26 % of
+  the time, beside exact scans not at all; an earlier note here said queries release it).
+  So fills write :data:`UPSERT_CHUNK` points at a time, and ``memstream up`` keeps its
+  shards in a child process (:mod:`.vector_process`, :func:`open_vector_index`'s
+  ``process``), where the walk takes the child's GIL and not the server's.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 from qdrant_edge import (
@@ -215,6 +219,43 @@ def over_fetch(k: int, hidden_share: float) -> int:
     return math.ceil(k / (1.0 - hidden_share) * OVER_FETCH) + 8
 
 
+class DenseIndex(Protocol):
+    """What the store, the vector loop and replays use of a vector index: a
+    :class:`VectorIndex` in this process, or one in a child
+    (:class:`~.vector_process.VectorIndexProcess`)."""
+
+    path: Path
+
+    @property
+    def filling(self) -> bool: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def mark_filling(self) -> None: ...
+
+    async def upsert(self, rows: Sequence[VectorRow]) -> None: ...
+
+    async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> None: ...
+
+    async def fill(self, batches: Callable[[], AsyncIterator[list[VectorRow]]]) -> int: ...
+
+    async def count(self, account_id: str | None = None, agent_id: str | None = None) -> int: ...
+
+    async def nearest(self, q: DenseQuery) -> dict[tuple[str, int], float]: ...
+
+    async def maintain(self, *, force: bool = False) -> bool: ...
+
+    async def build(self, *, force: bool = False) -> bool: ...
+
+    def info(self) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
 class VectorIndex:
     """One qdrant-edge shard of message vectors (see the module docstring), in a
     :class:`~memstream.projections.edge_slot.ShardSlot` (which builds its graphs in a child
@@ -247,6 +288,10 @@ class VectorIndex:
     def ready(self) -> bool:
         """Whether searches may read this shard (it holds every vector of the record)."""
         return not self.filling and not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def mark_filling(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -522,17 +567,25 @@ class VectorIndex:
         await asyncio.to_thread(self.slot.close)
 
 
-_OPEN: dict[Path, VectorIndex] = {}
+_OPEN: dict[Path, DenseIndex] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def open_vector_index(path: Path) -> VectorIndex:
-    """The process's one :class:`VectorIndex` at ``path`` (a shard has one owner)."""
+def open_vector_index(path: Path, *, process: bool = False) -> DenseIndex:
+    """The process's one vector index at ``path`` (a shard has one owner): a
+    :class:`VectorIndex` here, or with ``process`` one in a child process of its own
+    (:class:`~.vector_process.VectorIndexProcess`). The first to open a path decides."""
     path = path.resolve()
     with _OPEN_LOCK:
         index = _OPEN.get(path)
-        if index is None or index._closed:
-            index = _OPEN[path] = VectorIndex(path)
+        if index is None or index.closed:
+            if process:
+                from memstream.projections.messages.vector_process import VectorIndexProcess
+
+                index = VectorIndexProcess(path)
+            else:
+                index = VectorIndex(path)
+            _OPEN[path] = index
         return index
 
 

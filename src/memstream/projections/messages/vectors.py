@@ -36,7 +36,7 @@ import pyarrow as pa
 from memstream.infra.embeddings import Embedder
 from memstream.projections.messages.sql import pending_vectors_sql
 from memstream.projections.messages.store import MessageStore
-from memstream.projections.messages.vector_index import VectorIndex, VectorRow
+from memstream.projections.messages.vector_index import DenseIndex, VectorRow
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class MessageVectors:
         await self._build(index)
         return len(kept)
 
-    async def _build(self, index: VectorIndex | None) -> None:
+    async def _build(self, index: DenseIndex | None) -> None:
         """Start building the index's HNSW graphs, once enough points are in none (a child
         process, in the background: minutes at 1M; see :meth:`VectorIndex.build`). The loop
         embeds on meanwhile (its writes reach the built shard too) and searches scan the
@@ -124,7 +124,7 @@ class MessageVectors:
             return
         self._building = asyncio.create_task(self._build_now(index), name="vector-index-build")
 
-    async def _build_now(self, index: VectorIndex) -> None:
+    async def _build_now(self, index: DenseIndex) -> None:
         try:
             if await index.build():
                 log.info("vector index of %s: HNSW graphs built", self.store.database)
