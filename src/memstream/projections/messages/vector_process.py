@@ -4,7 +4,7 @@ qdrant-edge's Python binding holds the GIL for the whole of a query, on whatever
 calls it: at 1M messages a search's walk stopped the serving process's event loop for
 ~11 ms, an exact scan of a 100k-message agent for its whole length, and every other request
 of the process (an append, a context read) waited that long (docs/transcript-search.md,
-"what a search stops"). :class:`VectorIndexProcess` has :class:`~.vector_index.VectorIndex`'s
+"what a search stopped"). :class:`VectorIndexProcess` has :class:`~.vector_index.VectorIndex`'s
 interface and runs one in a child process, so the shard's work takes the child's GIL, not
 the server's.
 
