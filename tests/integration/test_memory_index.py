@@ -17,7 +17,9 @@ from memstream.infra.embeddings import CachingEmbedder
 from memstream.projections.memory_index import MemoryIndex, op_for_event, point_id
 from memstream.projections.memory_index.client import QdrantClientIndex
 from memstream.projections.memory_index.edge import EdgeIndex
+from memstream.projections.memory_index.edge_process import EdgeIndexProcess
 from memstream.projections.memory_index.layout import identity_of
+from memstream.projections.memory_index.port import IndexBackend
 from memstream.projections.memory_index.rules import Delete, IndexOp, Upsert
 from memstream.schemas.events import memory_event
 from memstream.schemas.records import MemoryEntry
@@ -28,14 +30,22 @@ NOW = datetime(2026, 3, 1, tzinfo=UTC)
 AGENT = "agent-1"
 
 
-@pytest.fixture(scope="module", params=["edge", "client"])
+@pytest.fixture(scope="module", params=["edge", "edge-process", "client"])
 async def index(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     embedder: CachingEmbedder,
 ) -> AsyncIterator[MemoryIndex]:
+    """The memory index on qdrant-edge in this process, on qdrant-edge in a child process
+    (``memstream up``'s default) and on qdrant-client's local mode."""
     base: Path = tmp_path_factory.mktemp(f"qdrant-{request.param}")
-    backend = EdgeIndex(base) if request.param == "edge" else QdrantClientIndex.local(str(base))
+    backend: IndexBackend
+    if request.param == "edge":
+        backend = EdgeIndex(base)
+    elif request.param == "edge-process":
+        backend = EdgeIndexProcess(base)
+    else:
+        backend = QdrantClientIndex.local(str(base))
     idx = MemoryIndex(backend, embedder, environment="test")
     yield idx
     await idx.close()

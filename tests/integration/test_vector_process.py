@@ -38,7 +38,7 @@ def query(seed: int, **kw: object) -> DenseQuery:
 
 async def wait_gone(index: VectorIndexProcess, timeout: float = 20.0) -> bool:
     """Whether the index's current child has exited (and been reaped) within ``timeout``."""
-    proc = index._proc  # noqa: SLF001
+    proc = index._served._proc  # noqa: SLF001
     assert proc is not None
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -114,7 +114,7 @@ async def test_a_killed_child_fails_its_calls_and_the_next_call_starts_another(
 async def test_close_stops_the_child_and_later_calls_are_refused(tmp_path: Path) -> None:
     index = VectorIndexProcess(tmp_path / "v")
     await index.upsert(rows(50))
-    proc = index._proc  # noqa: SLF001
+    proc = index._served._proc  # noqa: SLF001
     assert proc is not None and index.pid is not None
     await index.close()
     assert not proc.is_alive()  # close waited for it

@@ -129,6 +129,13 @@ class Settings(BaseSettings):
         "ClickHouse; 'auto', qdrant with embedded chdb, else clickhouse "
         "(docs/transcript-search.md).",
     )
+    memory_index_process: bool = Field(
+        default=True,
+        description="Keep the memory index's qdrant-edge collections (no qdrant_url) in a "
+        "child process of their own: qdrant-edge holds the GIL for the whole of a query, so "
+        "in the serving process a recall stops every other request for its length. false: "
+        "in this process (docs/memory.md).",
+    )
     transcript_vector_process: bool = Field(
         default=True,
         description="Keep each transcript vector index (qdrant-edge) in a child process of "
