@@ -42,7 +42,7 @@ async def wait_gone(index: VectorIndexProcess, timeout: float = 20.0) -> bool:
     assert proc is not None
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if not proc.is_alive():
+        if proc.poll() is not None:
             return True
         await asyncio.sleep(0.05)
     return False
@@ -117,7 +117,7 @@ async def test_close_stops_the_child_and_later_calls_are_refused(tmp_path: Path)
     proc = index._served._proc  # noqa: SLF001
     assert proc is not None and index.pid is not None
     await index.close()
-    assert not proc.is_alive()  # close waited for it
+    assert proc.poll() is not None  # close waited for it
     assert index.pid is None and not index.ready
     with pytest.raises(RetryableInfraError, match="closed"):
         await index.count()

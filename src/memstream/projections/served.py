@@ -8,10 +8,14 @@ every other request (an append, a context read) waited that long (docs/transcrip
 the transcript's vector index (:mod:`.messages.vector_process`) and the memory index's
 collections (:mod:`.memory_index.edge_process`), each a thin facade over :class:`Served`.
 
-How: a spawned child (:func:`_serve`) builds the index from a factory and answers calls
-from one pipe on an event loop of its own (coroutine methods as tasks; blocking ones on
-worker threads, as the in-process index runs them); the parent sends each call from a worker
-thread (a batch of vectors is pickled there) and a reader thread settles its future.
+How: the child is ``python -m memstream.projections.served <fd>`` (a fresh interpreter that
+imports only what the index needs: not the parent's main script, which
+``multiprocessing``'s spawn would run again in the child, so a user's unguarded script or
+the CLI would start twice); it receives the factory over a socket pair, builds the index
+and answers calls from it on an event loop of its own (coroutine methods as tasks; blocking
+ones on worker threads, as the in-process index runs them); the parent sends each call from
+a worker thread (a batch of vectors is pickled there) and a reader thread settles its
+future.
 
 Guarantees:
 
@@ -20,9 +24,9 @@ Guarantees:
 - **A child that dies** (killed, out of memory) fails the calls in flight with a
   :class:`~memstream.errors.RetryableInfraError` naming it; the next call starts a new child
   on the same directory, which opens what was acknowledged.
-- **No orphan.** The child exits when its pipe closes (the parent closed the index, exited
-  or was killed), closing its index first; :meth:`Served.close` waits for it (then kills it
-  after a bound).
+- **No orphan.** The child exits when its socket closes (the parent closed the index,
+  exited or was killed), closing its index first; :meth:`Served.close` waits for it (then
+  kills it after a bound).
 """
 
 from __future__ import annotations
@@ -32,14 +36,15 @@ import contextlib
 import inspect
 import itertools
 import logging
-import multiprocessing
 import pickle
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
 from memstream.errors import RetryableInfraError
@@ -88,7 +93,7 @@ class Served:
         self._calls_allowed = calls
         self._lock = threading.Lock()
         self._conn: Connection | None = None
-        self._proc: BaseProcess | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         # call id -> (the pipe it went down, its future)
         self._calls: dict[int, tuple[Connection, Future[Any]]] = {}
         self._ids = itertools.count()
@@ -103,7 +108,7 @@ class Served:
     def pid(self) -> int | None:
         """The child's process id (None when none runs)."""
         proc = self._proc
-        return proc.pid if proc is not None and proc.is_alive() else None
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     def _pipe(self) -> Connection:
         """The pipe to a running child, started if there is none."""
@@ -111,18 +116,22 @@ class Served:
             if self._closed:
                 raise RetryableInfraError(f"{self.label} is closed")
             proc, conn = self._proc, self._conn
-            if conn is not None and proc is not None and proc.is_alive():
+            if conn is not None and proc is not None and proc.poll() is None:
                 return conn
-            ctx = multiprocessing.get_context("spawn")
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=_serve,
-                args=(child, self._factory, self._args, self._calls_allowed),
-                name=f"memstream {self.label}",
-                daemon=True,
-            )
-            proc.start()
-            child.close()
+            ours, theirs = socket.socketpair()
+            with theirs:
+                proc = subprocess.Popen(  # noqa: S603 (this interpreter, our module)
+                    [sys.executable, "-m", __name__, str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                )
+            parent = Connection(ours.detach())
+            try:
+                parent.send((self._factory, self._args, self._calls_allowed))
+            except (OSError, EOFError) as e:
+                proc.kill()
+                parent.close()
+                raise RetryableInfraError(f"the process of {self.label} did not start") from e
             self._proc, self._conn = proc, parent
             threading.Thread(
                 target=self._read, args=(parent,), name="served-reader", daemon=True
@@ -187,7 +196,7 @@ class Served:
             if self._closed:
                 return
             conn, proc = self._conn, self._proc
-        if conn is not None and proc is not None and proc.is_alive():
+        if conn is not None and proc is not None and proc.poll() is None:
             try:
                 await asyncio.wait_for(self.call("close"), CLOSE_WAIT_S)
             except (RetryableInfraError, TimeoutError) as e:
@@ -199,17 +208,22 @@ class Served:
         if conn is not None:
             conn.close()
         if proc is not None:
-            await asyncio.to_thread(proc.join, CLOSE_WAIT_S)
-            if proc.is_alive():
+            try:
+                await asyncio.to_thread(proc.wait, CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                await asyncio.to_thread(proc.join, 5)
+                await asyncio.to_thread(proc.wait)
 
 
 # --- the child -----------------------------------------------------------------------------
-def _serve(
-    conn: Connection, factory: Callable[..., Any], args: tuple[Any, ...], calls: frozenset[str]
-) -> None:
-    """The child's main: answer calls on ``conn`` until it closes or ``close`` comes."""
+def _serve(fd: int) -> None:
+    """The child's main: build the index the parent sends on the socket at ``fd``, then
+    answer calls on it until it closes or ``close`` comes."""
+    conn = Connection(fd)
+    try:
+        factory, args, calls = conn.recv()
+    except (EOFError, OSError):
+        return  # the parent went before it said what to serve
     asyncio.run(_answer_calls(conn, factory(*args), calls))
 
 
@@ -273,3 +287,7 @@ def _portable(e: Exception) -> Exception:
     except Exception:
         return RetryableInfraError(f"{type(e).__name__}: {e}")
     return e
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))
