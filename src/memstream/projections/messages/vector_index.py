@@ -256,7 +256,47 @@ class DenseIndex(Protocol):
     async def close(self) -> None: ...
 
 
-class VectorIndex:
+class FilledFromRecord:
+    """What a vector index keeps in its directory itself, wherever its shard is served: the
+    filling marker (searches read ClickHouse while it is there) and the fill under it. For
+    :class:`VectorIndex` and :class:`~.vector_process.VectorIndexProcess`."""
+
+    path: Path
+
+    @property
+    def closed(self) -> bool:
+        raise NotImplementedError
+
+    async def upsert(self, rows: Sequence[VectorRow]) -> None:
+        raise NotImplementedError
+
+    @property
+    def filling(self) -> bool:
+        return (self.path / FILLING).exists()
+
+    @property
+    def ready(self) -> bool:
+        """Whether searches may read this shard (it holds every vector of the record)."""
+        return not self.filling and not self.closed
+
+    def mark_filling(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / FILLING).touch()
+
+    async def fill(self, batches: Callable[[], AsyncIterator[list[VectorRow]]]) -> int:
+        """Upsert every row ``batches`` yields, under the filling marker (removed at the end:
+        the shard then answers searches). Returns the rows written."""
+        self.mark_filling()
+        n = 0
+        async for rows in batches():
+            for i in range(0, len(rows), UPSERT_CHUNK):
+                await self.upsert(rows[i : i + UPSERT_CHUNK])
+            n += len(rows)
+        (self.path / FILLING).unlink(missing_ok=True)
+        return n
+
+
+class VectorIndex(FilledFromRecord):
     """One qdrant-edge shard of message vectors (see the module docstring), in a
     :class:`~memstream.projections.edge_slot.ShardSlot` (which builds its graphs in a child
     process). Every call blocks in qdrant-edge, so each runs in a worker thread; the shard is
@@ -281,21 +321,8 @@ class VectorIndex:
 
     # --- state -----------------------------------------------------------------------------
     @property
-    def filling(self) -> bool:
-        return (self.path / FILLING).exists()
-
-    @property
-    def ready(self) -> bool:
-        """Whether searches may read this shard (it holds every vector of the record)."""
-        return not self.filling and not self._closed
-
-    @property
     def closed(self) -> bool:
         return self._closed
-
-    def mark_filling(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / FILLING).touch()
 
     def _get(self) -> EdgeShard | None:
         return self.slot.get()
@@ -354,18 +381,6 @@ class VectorIndex:
         """Delete every point of the ``(account, agent, thread)`` threads (erasure)."""
         if threads:
             await asyncio.to_thread(self._delete_blocking, threads)
-
-    async def fill(self, batches: Callable[[], AsyncIterator[list[VectorRow]]]) -> int:
-        """Upsert every row ``batches`` yields, under the filling marker (removed at the end:
-        the shard then answers searches). Returns the rows written."""
-        self.mark_filling()
-        n = 0
-        async for rows in batches():
-            for i in range(0, len(rows), UPSERT_CHUNK):
-                await self.upsert(rows[i : i + UPSERT_CHUNK])
-            n += len(rows)
-        (self.path / FILLING).unlink(missing_ok=True)
-        return n
 
     # --- reads -----------------------------------------------------------------------------
     def _count_blocking(self, account_id: str | None, agent_id: str | None) -> int:

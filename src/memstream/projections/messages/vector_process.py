@@ -11,16 +11,15 @@ orphan). The on-disk filling marker is a file: read and written here.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 from memstream.projections.memory_index.tuning import IndexTuning
 from memstream.projections.messages.vector_index import (
-    FILLING,
     TUNING,
-    UPSERT_CHUNK,
     DenseQuery,
+    FilledFromRecord,
     VectorIndex,
     VectorRow,
 )
@@ -43,22 +42,14 @@ class _Hosted(VectorIndex):
         return await self.build(force=force)
 
 
-class VectorIndexProcess:
-    """A :class:`~.vector_index.VectorIndex` kept by a child process (module docstring)."""
+class VectorIndexProcess(FilledFromRecord):
+    """A :class:`~.vector_index.VectorIndex` kept by a child process (module docstring); its
+    filling marker and fill are :class:`~.vector_index.FilledFromRecord`'s, here."""
 
     def __init__(self, path: Path, tuning: IndexTuning = TUNING) -> None:
         self.path = path
         self.tuning = tuning
         self._served = Served(_Hosted, (path, tuning), label=f"vector index {path}", calls=CALLS)
-
-    @property
-    def filling(self) -> bool:
-        return (self.path / FILLING).exists()
-
-    @property
-    def ready(self) -> bool:
-        """Whether searches may read this shard (it holds every vector of the record)."""
-        return not self.filling and not self.closed
 
     @property
     def closed(self) -> bool:
@@ -69,10 +60,6 @@ class VectorIndexProcess:
         """The child's process id (None when none runs): what a test kills."""
         return self._served.pid
 
-    def mark_filling(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / FILLING).touch()
-
     async def upsert(self, rows: Sequence[VectorRow]) -> None:
         """Write ``rows`` (durable on return: the shard's WAL, in the child)."""
         if rows:
@@ -82,17 +69,6 @@ class VectorIndexProcess:
         """Delete every point of the ``(account, agent, thread)`` threads (erasure)."""
         if threads:
             await self._served.call("delete_threads", list(threads))
-
-    async def fill(self, batches: Callable[[], AsyncIterator[list[VectorRow]]]) -> int:
-        """:meth:`VectorIndex.fill`: every row ``batches`` yields, under the filling marker."""
-        self.mark_filling()
-        n = 0
-        async for rows in batches():
-            for i in range(0, len(rows), UPSERT_CHUNK):
-                await self.upsert(rows[i : i + UPSERT_CHUNK])
-            n += len(rows)
-        (self.path / FILLING).unlink(missing_ok=True)
-        return n
 
     async def count(self, account_id: str | None = None, agent_id: str | None = None) -> int:
         return int(await self._served.call("count", account_id, agent_id))
