@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -163,7 +164,7 @@ class Served:
                     future.set_exception(lost)
         conn.close()
 
-    def send(self, method: str, *args: Any) -> Future[Any]:
+    def send(self, method: str, *args: Any, **kwargs: Any) -> Future[Any]:
         """Send one call; its future. Blocks for the pickling and the pipe's write."""
         future: Future[Any] = Future()
         call_id = next(self._ids)
@@ -171,7 +172,7 @@ class Served:
         self._calls[call_id] = (conn, future)
         try:
             with self._send_lock:
-                conn.send((call_id, method, args))
+                conn.send((call_id, method, args, kwargs))
         except (OSError, EOFError, ValueError, TypeError) as e:
             # the child died mid-write (a broken pipe), or the reader closed the pipe for it
             # meanwhile (the closed connection's handle is None: a TypeError)
@@ -181,14 +182,15 @@ class Served:
             ) from e
         return future
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """``method(*args)`` in the child; its result, or its exception raised here."""
-        future = await asyncio.to_thread(self.send, method, *args)
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` in the child; its result, or its exception raised
+        here."""
+        future = await asyncio.to_thread(functools.partial(self.send, method, *args, **kwargs))
         return await asyncio.wrap_future(future)
 
-    def call_blocking(self, method: str, *args: Any) -> Any:
+    def call_blocking(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`call` from a thread that may block (benches and tests)."""
-        return self.send(method, *args).result()
+        return self.send(method, *args, **kwargs).result()
 
     async def close(self) -> None:
         """Close the index in the child, then let the child go."""
@@ -229,7 +231,7 @@ def _serve(fd: int) -> None:
 
 async def _answer_calls(conn: Connection, index: Any, allowed: frozenset[str]) -> None:
     loop = asyncio.get_running_loop()
-    calls: asyncio.Queue[tuple[int, str, tuple[Any, ...]] | None] = asyncio.Queue()
+    calls: asyncio.Queue[tuple[int, str, tuple[Any, ...], dict[str, Any]] | None] = asyncio.Queue()
 
     def readable() -> None:
         try:
@@ -242,13 +244,12 @@ async def _answer_calls(conn: Connection, index: Any, allowed: frozenset[str]) -
     running: set[asyncio.Task[None]] = set()
     try:
         while (call := await calls.get()) is not None:
-            call_id, method, args = call
-            if method == "close":
+            if call[1] == "close":
                 if running:
                     await asyncio.wait(running)
-                await _answer(conn, index, allowed, call_id, method, args)
+                await _answer(conn, index, allowed, *call)
                 return
-            task = asyncio.create_task(_answer(conn, index, allowed, call_id, method, args))
+            task = asyncio.create_task(_answer(conn, index, allowed, *call))
             running.add(task)
             task.add_done_callback(running.discard)
     finally:
@@ -264,15 +265,16 @@ async def _answer(
     call_id: int,
     method: str,
     args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> None:
     try:
         if method != "close" and method not in allowed:
             raise ValueError(f"unknown call {method!r}")
         fn = getattr(index, method)
         if inspect.iscoroutinefunction(fn):
-            value = await fn(*args)
+            value = await fn(*args, **kwargs)
         else:  # a blocking method: on a worker thread, as the in-process index runs them
-            value = await asyncio.to_thread(fn, *args)
+            value = await asyncio.to_thread(fn, *args, **kwargs)
         reply: tuple[int, bool, Any] = (call_id, True, value)
     except Exception as e:  # sent back to the caller, who raises it
         reply = (call_id, False, _portable(e))

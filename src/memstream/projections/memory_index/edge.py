@@ -421,6 +421,11 @@ class EdgeIndex:
         are deleted when the next ``EdgeIndex`` opens the directory)."""
         await asyncio.to_thread(self._drop_blocking, name)
 
+    async def pending_rebuilds(self) -> set[str]:
+        """Collections re-tuned when opened whose graph is still the old one (a copy of
+        :attr:`pending_rebuild`): what ``MemoryIndex.maintain`` rebuilds."""
+        return set(self.pending_rebuild)
+
     def optimize(self, name: str) -> bool:
         """Build HNSW for a collection in this process (blocking, holding the GIL throughout:
         every thread of the process waits): for benches and tests. A serving process calls

@@ -33,7 +33,7 @@ CALLS: Final = frozenset(
         "optimize",
         "build",
         "info",
-        "pending",
+        "pending_rebuilds",
     }
 )
 """What the child answers (:class:`_Hosted`'s methods)."""
@@ -44,10 +44,6 @@ class _Hosted(EdgeIndex):
 
     def info(self, name: str) -> ShardInfo | None:
         return ShardInfo.of(super().info(name))
-
-    def pending(self) -> set[str]:
-        """:attr:`EdgeIndex.pending_rebuild`, as a copy."""
-        return set(self.pending_rebuild)
 
 
 class EdgeIndexProcess:
@@ -107,7 +103,7 @@ class EdgeIndexProcess:
 
     async def pending_rebuilds(self) -> set[str]:
         """Collections re-tuned when opened whose graph is still the old one."""
-        pending: set[str] = await self._served.call("pending")
+        pending: set[str] = await self._served.call("pending_rebuilds")
         return pending
 
     def info(self, name: str) -> ShardInfo | None:

@@ -123,12 +123,8 @@ class MemoryIndex:
             self._written_since_optimize.clear()
             return []
         done = []
-        pending_of = getattr(self.backend, "pending_rebuilds", None)  # in a child process
-        pending: set[str] = (
-            set(await pending_of())
-            if pending_of is not None
-            else set(getattr(self.backend, "pending_rebuild", ()))
-        )
+        pending_of = getattr(self.backend, "pending_rebuilds", None)  # qdrant-edge's
+        pending: set[str] = set(await pending_of()) if pending_of is not None else set()
         for name in pending:
             self._written_since_optimize.setdefault(name, 0)
         for name, count in list(self._written_since_optimize.items()):

@@ -26,7 +26,7 @@ from memstream.projections.messages.vector_index import (
 from memstream.projections.served import Served, ShardInfo
 
 CALLS: Final = frozenset(
-    {"upsert", "delete_threads", "count", "nearest", "maintain_blocking", "build_if", "info"}
+    {"upsert", "delete_threads", "count", "nearest", "maintain", "build", "info"}
 )
 """What the child answers (:class:`_Hosted`'s methods)."""
 
@@ -36,10 +36,6 @@ class _Hosted(VectorIndex):
 
     def info(self) -> ShardInfo | None:
         return ShardInfo.of(super().info())
-
-    async def build_if(self, force: bool) -> bool:
-        """:meth:`VectorIndex.build` (calls cross the pipe by position)."""
-        return await self.build(force=force)
 
 
 class VectorIndexProcess(FilledFromRecord):
@@ -79,10 +75,10 @@ class VectorIndexProcess(FilledFromRecord):
 
     async def maintain(self, *, force: bool = False) -> bool:
         """:meth:`VectorIndex.maintain`, in the child (its GIL, not this process's)."""
-        return bool(await self._served.call("maintain_blocking", force))
+        return bool(await self._served.call("maintain", force=force))
 
     async def build(self, *, force: bool = False) -> bool:
-        return bool(await self._served.call("build_if", force))
+        return bool(await self._served.call("build", force=force))
 
     def info(self) -> ShardInfo | None:
         """Segments, points and indexed vectors (None before the first write); blocks."""
