@@ -6,9 +6,11 @@ dropped generation's index goes with it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ from memstream.projections.messages.lexical_index import (
     FILLING,
     LAYOUT,
     IndexQuery,
+    IndexRow,
+    LexicalIndex,
     close_indexes,
     document_terms,
 )
@@ -29,7 +33,7 @@ from memstream.projections.messages.postings import POSTINGS_TABLE, POSTINGS_VIE
 from memstream.projections.messages.sql import SearchSpec, query_words
 from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import encode, message_appended
-from memstream.schemas.records import Caller
+from memstream.schemas.records import Caller, Message
 from tests.integration.test_search_postings import WORDS, _corpus
 from tests.integration.test_transcript_search import explained, m, project, search
 
@@ -216,6 +220,113 @@ async def test_erasure_removes_the_thread_from_the_index(indexed_store: MessageS
     assert index is not None  # nor is its stored text read back by key
     docs = await index.documents("acc", "ag", ["acc/ag/a/0", "acc/ag/b/0"], [])
     assert [(d.thread_id, d.record.content) for d in docs] == [("b", "narwhal facts")]
+
+
+def _files_holding(needle: bytes, *roots: Path) -> list[str]:
+    """Files under ``roots`` whose raw bytes hold ``needle`` (what someone who reads the
+    disk, not the API, would find)."""
+    return [
+        str(f)
+        for root in roots
+        for f in root.rglob("*")
+        if f.is_file() and needle in f.read_bytes()
+    ]
+
+
+async def _indexed(index: LexicalIndex, msgs: list[Message]) -> list[tuple[str, int]]:
+    """Which of ``msgs`` the index holds a document of, read back by key."""
+    keys = [f"acc/ag/{x.thread_id}/{x.offset}" for x in msgs]
+    return sorted((d.thread_id, d.offset) for d in await index.documents("acc", "ag", keys, []))
+
+
+async def _text_table_dirs(store: MessageStore) -> list[Path]:
+    rows = await store.engine.rows(
+        "SELECT data_paths FROM system.tables WHERE database = {d:String} AND name = 'message_text'",
+        {"d": store.database},
+    )
+    paths = rows[0][0]
+    return [Path(str(p)) for p in (paths if isinstance(paths, list) else [paths])]
+
+
+async def test_erased_text_leaves_the_files_of_the_index_and_the_text_table(
+    indexed_store: MessageStore,
+) -> None:
+    """A delete only marks a Tantivy document (its text stays in its segment's files until
+    a merge rewrites it) and a RocksDB value (until a compaction): read from the disk, the
+    erased message's words were still there. After the erasure they are in no file of the
+    index or the text table, while the messages that shared its segment are still found,
+    once each."""
+    canary = f"zq{uuid.uuid4().hex[:10]}xv"
+    keep = [m(f"k{i % 4}", i, "user", f"harmless walrus note {i}") for i in range(120)]
+    gone = m("gone", 0, "user", f"my secret {canary} code", user="u1")
+    await project(indexed_store, [*keep[:60], gone, *keep[60:]])  # one batch: one segment
+    index = indexed_store.lexical_index()
+    assert index is not None
+    text_dirs = await _text_table_dirs(indexed_store)
+    assert _files_holding(canary.encode(), index.path)  # the check sees what is there
+    assert _files_holding(canary.encode(), *text_dirs)
+    await indexed_store.erase_threads([("acc", "ag", "gone")])
+    assert _files_holding(canary.encode(), index.path) == []
+    assert _files_holding(canary.encode(), *text_dirs) == []
+    u1 = Caller("acc", "ag", "u1")
+    assert await search(indexed_store, u1, query=canary) == []
+    assert len(await search(indexed_store, u1, query="harmless walrus", limit=50)) == 50
+    assert await _indexed(index, keep) == sorted((x.thread_id, x.offset) for x in keep)
+    assert await index.count() == 120
+
+
+async def test_messages_written_during_a_purge_are_kept_once(
+    indexed_store: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge rewrites the index in steps, each one call on the writer's thread; batches
+    projected between its steps (new threads, and new messages of threads it has already
+    rewritten or not yet) are all found afterwards, once each, and nothing erased comes
+    back."""
+    monkeypatch.setattr("memstream.projections.messages.lexical_index.PURGE_STEP", 30)
+    first = [m(f"t{i % 12}", i, "user", f"walrus tale {i}") for i in range(240)]
+    await project(indexed_store, [*first, m("gone", 0, "user", "walrus secret")])
+    index = indexed_store.lexical_index()
+    assert index is not None
+    assert await index.delete_threads(["acc/ag/gone"]) == 1
+    purge = asyncio.ensure_future(index.purge())
+    later: list[Message] = []
+    for step in range(8):
+        batch = [
+            m(f"t{(step + j) % 14}", 1_000 + step * 10 + j, "user", f"walrus late {j}")
+            for j in range(10)
+        ]
+        later += batch
+        await project(indexed_store, batch)
+        await asyncio.sleep(0)
+    assert await purge >= 240
+    assert await _indexed(index, [*first, *later]) == sorted(
+        (x.thread_id, x.offset) for x in [*first, *later]
+    )
+    assert await index.count() == len(first) + len(later)  # no copies
+    assert await search(indexed_store, query="secret") == []
+
+
+async def test_a_purge_asked_while_filling_runs_when_the_fill_ends(
+    indexed_store: MessageStore,
+) -> None:
+    """An erasure during a fill deletes documents the fill has already added: its purge
+    waits for the fill's end, which then runs it (nothing of them left on disk)."""
+    index = indexed_store.lexical_index()
+    assert index is not None
+    canary = f"zq{uuid.uuid4().hex[:10]}xv"
+
+    def rows(thread: str, text: str, n: int) -> list[IndexRow]:
+        return [IndexRow("acc", "ag", thread, i, 1_000 + i, f"{text} {i}") for i in range(n)]
+
+    async def batches() -> AsyncIterator[list[IndexRow]]:
+        yield rows("gone", f"secret {canary}", 5) + rows("kept", "walrus", 50)
+        await index.delete_threads(["acc/ag/gone"])  # the erasure, between two batches
+        assert await index.purge() == 0  # asked while filling: after the fill
+        yield rows("kept2", "walrus", 50)
+
+    assert await index.fill(batches) == 105
+    assert _files_holding(canary.encode(), index.path) == []
+    assert await index.count() == 100
 
 
 async def test_hits_show_the_text_stored_with_the_index(indexed_store: MessageStore) -> None:

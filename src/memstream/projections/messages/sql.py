@@ -396,6 +396,12 @@ def erase_threads_sql(database: str, table: str, threads: Sequence[tuple[str, st
     )
 
 
+def optimize_sql(database: str, table: str) -> str:
+    """Compact ``table`` now (erasure): on an ``EmbeddedRocksDB`` table RocksDB's manual
+    compaction, which drops the values its deletes only shadowed in older files."""
+    return f"OPTIMIZE TABLE {check_database(database)}.{table}"
+
+
 def thread_keys_sql(database: str, threads: Sequence[tuple[str, str, str]]) -> str:
     """Rows account_id, agent_id, thread_id, offset, copies of every stored message of
     ``threads``, one statement: what an erasure reports it removed (the copies summed) and

@@ -106,6 +106,7 @@ from memstream.projections.messages.sql import (
     has_terms_sql,
     journal_batch_sql,
     messages_by_key_sql,
+    optimize_sql,
     thread_keys_sql,
     thread_visible_sql,
     upgrade_ddl,
@@ -1378,8 +1379,9 @@ LIMIT {INDEX_FILL_BATCH}""",
         for vectors in self._vector_indexes():
             await vectors.delete_threads(unique)
         index = self.lexical_index()
+        indexed = 0
         if index is not None:  # filled or filling (a fill reads what is left)
-            await index.delete_threads([ThreadRef(a, g, t).key for a, g, t in unique])
+            indexed = await index.delete_threads([ThreadRef(a, g, t).key for a, g, t in unique])
         # the text table whenever it is there, filled or filling; the posting lists too
         has_text, has_postings = await self._tables(TEXT_TABLE, POSTINGS_TABLE)
         tables = ["messages", "message_vectors", "thread_users"]
@@ -1395,6 +1397,11 @@ LIMIT {INDEX_FILL_BATCH}""",
                 )
             for table in tables:
                 await self.engine.command(erase_threads_sql(self.database, table, chunk))
+        # deletes mark; these take the erased text off the disk (docs/owning-memory.md)
+        if index is not None and indexed:
+            await index.purge()
+        if has_text and stored:  # RocksDB keeps a deleted value until a compaction drops it
+            await self.engine.command(optimize_sql(self.database, TEXT_TABLE))
         return stored
 
     async def _erase_text(self, keys: Sequence[str]) -> None:
