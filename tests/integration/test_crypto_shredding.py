@@ -20,6 +20,7 @@ import pytest_asyncio
 from memstream.agents_ctx.erasure import Erasures
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.infra.data_keys import Keyring, is_sealed, thread_scope, user_scope
+from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.kafka.admin import ensure_topics
 from memstream.infra.kafka.bus import Bus
 from memstream.infra.metrics import Metrics, make_metrics
@@ -42,6 +43,7 @@ from memstream.streams.processor import (
 )
 from tests.fixtures.api import ApiStack
 from tests.fixtures.binding import EVERY_AGENT_BOUND
+from tests.fixtures.stores import tables_holding
 from tests.kafka_helpers import read_topic, read_topic_records
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -55,7 +57,7 @@ async def shred(api_stack: ApiStack) -> AsyncIterator[ApiStack]:
     svc = api_stack.services
     svc.keyring = Keyring(api_stack.pool)
     svc.memory = MemoryService(api_stack.pool, api_stack.clock, binding=EVERY_AGENT_BOUND)
-    svc.erasures = Erasures(svc)
+    svc.erasures = Erasures(svc, rewrite_tables=True)
     yield api_stack
     await svc.erasures.close()
     svc.keyring = svc.erasures = svc.memory = None
@@ -123,7 +125,7 @@ async def publish_pipeline(s: ApiStack, bus: Bus, topics: Topics, relay: Journal
 
 
 async def test_erasure_shreds_every_topic_copy(
-    shred: ApiStack, kafka_bootstrap: str, unique_topics: Topics
+    shred: ApiStack, kafka_bootstrap: str, unique_topics: Topics, pg_server: EmbeddedPostgres
 ) -> None:
     s, svc, topics = shred, shred.services, unique_topics
     assert svc.keyring is not None and svc.memory is not None and svc.erasures is not None
@@ -222,10 +224,24 @@ async def test_erasure_shreds_every_topic_copy(
         assert all(x.data["payload_encoding"] == "base64" and x.data["lossless"] for x in letters)
         assert all(is_sealed(base64.b64decode(str(x.data["payload"]))) for x in letters)
 
+        scopes = [thread_scope("acme", "bot", f"al-{i}").text for i in range(2)]
+        scopes.append(user_scope("acme", "alice").text)
+        alice_keys = [
+            bytes(r["key"])
+            for r in await s.pool.fetch(
+                "SELECT key FROM data_keys WHERE scope = ANY($1::text[])", scopes
+            )
+        ]
+        assert len(alice_keys) == 3
+        assert await tables_holding(s.pool, pg_server.pgdata, alice_keys[0]) == ["data_keys"]
         erasure_id = await svc.erasures.erase_user("acme", "alice")
         await svc.erasures.wait(erasure_id)
         done = await svc.erasures.get("acme", erasure_id)
         assert done.status == "done" and done.stores["data_keys"] == 3  # 2 threads + the user
+        # the key bytes are in no file of the database either (erasure_rewrite_tables): read
+        # from Postgres's data folder, they would open every sealed copy again
+        for key in alice_keys:
+            assert await tables_holding(s.pool, pg_server.pgdata, key) == []
         assert done.stores["postgres_outbox"] >= 1
         await publish_pipeline(s, bus, topics, relay)  # the forgotten events
         # the key of an erased thread or a user mid-erasure is never made again

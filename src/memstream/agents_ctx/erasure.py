@@ -46,6 +46,7 @@ from memstream.agents_ctx.memory.outbox import (
 )
 from memstream.errors import InfraError, NotFound
 from memstream.infra.data_keys import thread_scope, user_scope
+from memstream.infra.postgres import vacuum
 from memstream.schemas.records import JSONObject, MemoryEntry, ThreadRef
 
 if TYPE_CHECKING:
@@ -113,8 +114,10 @@ def redacted(entry: MemoryEntry) -> MemoryEntry:
 class Erasures:
     """Start, run, resume and report erasures (one per process, on ``Services``)."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, *, rewrite_tables: bool = True) -> None:
         self._svc = services
+        #: VACUUM FULL instead of VACUUM after the deletes (``erasure_rewrite_tables``)
+        self.rewrite_tables = rewrite_tables
         self._pool: asyncpg.Pool = services.accounts.pool
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._running: dict[str, asyncio.Lock] = {}
@@ -286,10 +289,17 @@ class Erasures:
             [r.agent_id for r in refs],
             [r.thread_id for r in refs],
         )
+        # an UPDATE leaves the old row version, metadata and all, in the heap until a vacuum
+        await self._vacuum("threads")
         for ref in refs:
             self._svc.threads.forget(ref)
         await self._count(e.erasure_id, {"postgres_threads": int(str(status).split()[-1])})
         return refs
+
+    async def _vacuum(self, *tables: str) -> None:
+        """:func:`~memstream.infra.postgres.vacuum` of ``tables`` after a delete: with
+        :attr:`rewrite_tables` the erased bytes leave their files too."""
+        await vacuum(self._pool, *tables, rewrite=self.rewrite_tables)
 
     async def _count(self, erasure_id: str, counts: Mapping[str, int]) -> None:
         """Add to the erasure's per-store counts (progress, visible while running)."""
@@ -341,7 +351,8 @@ class Erasures:
         counts: Counter[str] = Counter(
             postgres_entries=len(gone), postgres_outbox=int(str(outbox).split()[-1])
         )
-        await self._pool.execute("VACUUM memory_outbox")  # the deleted rows leave the heap
+        # the deleted rows (the entries' content, the outbox's events) leave the heap
+        await self._vacuum("memory_outbox", "memory_entries")
         index = self._svc.memory_index
         if index is not None and last:  # the last states: their texts key the embedding cache
             for t in gone:
@@ -359,7 +370,8 @@ class Erasures:
         scopes = [thread_scope(r.account_id, r.agent_id, r.thread_id) for r in refs]
         if e.kind == "user" and e.user_id is not None:
             scopes.append(user_scope(e.account_id, e.user_id))
-        await self._count(e.erasure_id, {"data_keys": await keyring.destroy(scopes)})
+        destroyed = await keyring.destroy(scopes, rewrite=self.rewrite_tables)
+        await self._count(e.erasure_id, {"data_keys": destroyed})
 
     async def _erase_threads(self, e: Erasure, refs: list[ThreadRef]) -> None:
         if not refs:

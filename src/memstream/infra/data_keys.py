@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from memstream.errors import InfraError, PermanentInfraError, RetryableInfraError
 from memstream.infra.outage import is_transient
+from memstream.infra.postgres import vacuum
 
 __all__ = [
     "MAGIC",
@@ -277,9 +278,11 @@ class Keyring:
         return out
 
     # --- erasure ------------------------------------------------------------------------
-    async def destroy(self, scopes: Sequence[Scope]) -> int:
+    async def destroy(self, scopes: Sequence[Scope], *, rewrite: bool = False) -> int:
         """Delete the keys of ``scopes`` (every record sealed with them is shredded), then
-        vacuum the table so the key bytes leave its heap. Returns how many were deleted."""
+        vacuum the table (:func:`~memstream.infra.postgres.vacuum`; ``rewrite``: the key
+        bytes also leave its files, without which a copy of the data folder would open the
+        shredded records again). Returns how many were deleted."""
         if not scopes:
             return 0
         rows = await self._pool.fetch(
@@ -289,7 +292,7 @@ class Keyring:
         self.forget(scopes)
         for r in rows:
             self._by_kid.pop(bytes(r["kid"]), None)
-        await self._pool.execute("VACUUM data_keys")
+        await vacuum(self._pool, "data_keys", rewrite=rewrite)
         return len(rows)
 
     def forget(self, scopes: Iterable[Scope]) -> None:

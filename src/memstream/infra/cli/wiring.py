@@ -159,7 +159,7 @@ class Stack:
         if self.journal is not None:  # erasure runs beside the journal's single writer
             from memstream.agents_ctx.erasure import Erasures
 
-            erasures = Erasures(self.services)
+            erasures = Erasures(self.services, rewrite_tables=s.erasure_rewrite_tables)
             self.services.erasures = erasures
             self._stoppers.append(erasures.close)
             await erasures.resume()  # finish erasures a crash interrupted
