@@ -253,6 +253,8 @@ class SqliteEmbeddingStore:
         self._db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # a deleted row's bytes are zeroed, not left in a free page (erasure)
+        self._db.execute("PRAGMA secure_delete=ON")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS embeddings ("
             " model TEXT NOT NULL, kind TEXT NOT NULL, hash TEXT NOT NULL, vec BLOB NOT NULL,"
@@ -285,7 +287,9 @@ class SqliteEmbeddingStore:
             self._db.execute("COMMIT")
 
     def delete_many(self, hashes: list[str]) -> int:
-        """Forget the vectors of these content hashes (every model and kind): erasure."""
+        """Forget the vectors of these content hashes (every model and kind): erasure. Their
+        bytes leave the file (``secure_delete`` zeroes them) and the write-ahead log (checkpointed
+        and truncated, so no older copy of their pages stays in it)."""
         gone = 0
         with self._lock:
             for i in range(0, len(hashes), 500):
@@ -293,6 +297,8 @@ class SqliteEmbeddingStore:
                 marks = ",".join("?" * len(chunk))
                 cur = self._db.execute(f"DELETE FROM embeddings WHERE hash IN ({marks})", chunk)
                 gone += cur.rowcount
+            if gone:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return gone
 
     def count(self) -> int:
