@@ -120,6 +120,12 @@ async def wait_done(s: ApiStack, erasure_id: str, key: str) -> dict[str, object]
     raise AssertionError("erasure did not finish")
 
 
+def journal_files_holding(s: ApiStack, word: str) -> list[str]:
+    """The journal's object-store files (WAL and tables) holding ``word``."""
+    root = s.services.settings.data_dir
+    return [str(f) for f in root.rglob("*") if f.is_file() and word.encode() in f.read_bytes()]
+
+
 async def aof_holds(server: EmbeddedRedis, word: str, *, expect: bool) -> bool:
     """Whether Valkey's data folder (its append-only file) holds ``word``, polled up to 2 s
     for the ``expect``ed answer (Valkey writes its AOF at the end of an event-loop turn and
@@ -166,6 +172,7 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     # on disk, the cached summaries in Valkey's append-only file, the entries' content and
     # the thread's metadata in Postgres's files (the checks see what is there)
     assert await aof_holds(redis_server, SECRET, expect=True)
+    assert journal_files_holding(s, SECRET)  # the WAL files of her appends
     assert {"memory_entries", "threads"} <= set(
         await tables_holding(s.pool, pg_server.pgdata, SECRET.encode())
     )
@@ -202,6 +209,7 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     # entries and outbox events, the thread's metadata before it was cleared
     assert await tables_holding(s.pool, pg_server.pgdata, SECRET.encode()) == []
     assert not await aof_holds(redis_server, SECRET, expect=False)  # the AOF was rewritten
+    assert journal_files_holding(s, SECRET) == []  # flushed past, WAL files collected
     assert (await svc.message_store.threads_of_user("acme", "alice")) == []
     assert (await svc.memory.recall(alice, SECRET)).results == []
     outbox = await s.pool.fetch("SELECT event FROM memory_outbox")

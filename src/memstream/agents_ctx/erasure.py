@@ -380,6 +380,7 @@ class Erasures:
         if journal is None:
             raise InfraError("the journal writer is not in this process; erasure cannot run here")
         erased = await journal.erase_threads(refs)
+        await journal.drop_erased_copies()  # the WAL files that held them
         await self._count(
             e.erasure_id,
             {

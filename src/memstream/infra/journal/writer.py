@@ -42,10 +42,14 @@ from typing import Literal, cast
 
 import orjson
 from slatedb.uniffi import (
+    Admin,
+    AdminBuilder,
     Db,
     DbBuilder,
     FlushOptions,
     FlushType,
+    GarbageCollectorDirectoryOptions,
+    GarbageCollectorOptions,
     ObjectStore,
     WriteBatch,
 )
@@ -211,8 +215,10 @@ class Journal(JournalReads):
         watermark: int,
         offset_cache_size: int,
         metrics: Metrics | None = None,
+        admin: Admin | None = None,
     ) -> None:
         self._db = db
+        self._admin = admin
         self._metrics = metrics
         self._wdb = db
         self._clock = clock
@@ -281,6 +287,7 @@ class Journal(JournalReads):
             watermark=watermark,
             offset_cache_size=offset_cache_size,
             metrics=metrics,
+            admin=AdminBuilder(path, object_store).build(),
         )
 
     # --- state ---------------------------------------------------------------------------------
@@ -376,6 +383,34 @@ class Journal(JournalReads):
                 err = translate(e, "erasing threads")
                 self._on_failure(err)
                 raise err from e
+
+    async def drop_erased_copies(self) -> None:
+        """After :meth:`erase_threads`: the write-ahead log's copies of the erased appends
+        leave the object store. SlateDB keeps every write in a WAL file until the memtable
+        holding it is flushed to an L0 table and its garbage collector, minutes later,
+        deletes the WAL files below the manifest's replay point. Here the memtable is
+        flushed now (the L0 table holds what is left: the deletes, the rewritten blocks) and
+        those WAL files collected at once (the collector deletes none a reader still needs).
+        Copies already in older tables stay until SlateDB's compactor merges them
+        (docs/owning-memory.md)."""
+        self._check_open()
+        if self._admin is None:
+            return
+        try:
+            await self._wdb.flush_with_options(FlushOptions(flush_type=FlushType.MEM_TABLE))
+            now = GarbageCollectorDirectoryOptions(min_age_ms=0, dry_run=False)
+            await self._admin.run_gc_once(
+                GarbageCollectorOptions(
+                    manifest_options=None,
+                    wal_options=now,
+                    wal_fence_options=None,
+                    compacted_options=None,
+                    compactions_options=None,
+                    detach_options=None,
+                )
+            )
+        except SLATE_FAILURES as e:
+            raise translate(e, "dropping the erased threads' WAL copies") from e
 
     async def set_relay_watermark(self, seq: int) -> None:
         """Record that the relay published everything up to ``seq`` (never moves backwards)."""
