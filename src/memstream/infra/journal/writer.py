@@ -38,7 +38,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Literal, cast
+from typing import Final, Literal, cast
 
 import orjson
 from slatedb.uniffi import (
@@ -198,6 +198,18 @@ class _MessageIds:
                 self._prefix = keys.message_id(self._ms, 0)[:12]
         # same layout as keys.message_id, without re-formatting the time part every call
         return f"{self._prefix}{self._entropy:020x}"
+
+
+_COLLECT_WAL_NOW: Final = GarbageCollectorOptions(
+    wal_options=GarbageCollectorDirectoryOptions(min_age_ms=0, dry_run=False),
+    manifest_options=None,  # None: that task does not run
+    wal_fence_options=None,
+    compacted_options=None,
+    compactions_options=None,
+    detach_options=None,
+)
+"""One garbage-collector pass over the WAL files only, whatever their age (the collector
+still keeps those at or above the manifest's replay point and any a reader needs)."""
 
 
 class Journal(JournalReads):
@@ -398,17 +410,7 @@ class Journal(JournalReads):
             return
         try:
             await self._wdb.flush_with_options(FlushOptions(flush_type=FlushType.MEM_TABLE))
-            now = GarbageCollectorDirectoryOptions(min_age_ms=0, dry_run=False)
-            await self._admin.run_gc_once(
-                GarbageCollectorOptions(
-                    manifest_options=None,
-                    wal_options=now,
-                    wal_fence_options=None,
-                    compacted_options=None,
-                    compactions_options=None,
-                    detach_options=None,
-                )
-            )
+            await self._admin.run_gc_once(_COLLECT_WAL_NOW)
         except SLATE_FAILURES as e:
             raise translate(e, "dropping the erased threads' WAL copies") from e
 
