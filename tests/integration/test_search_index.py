@@ -306,6 +306,28 @@ async def test_messages_written_during_a_purge_are_kept_once(
     assert await search(indexed_store, query="secret") == []
 
 
+async def test_purges_asked_at_once_share_the_work(indexed_store: MessageStore) -> None:
+    """Erasures finishing together ask for purges together: the first runs, the ones asked
+    while it ran share one more (it may have listed the threads before their deletes), and
+    every erased word is off the disk."""
+    index = indexed_store.lexical_index()
+    assert index is not None
+    words = [f"zq{uuid.uuid4().hex[:10]}xv" for _ in range(3)]
+    keep = [m(f"k{i % 3}", i, "user", f"walrus {i}") for i in range(60)]
+    gone = [m(f"g{j}", 0, "user", f"secret {w}") for j, w in enumerate(words)]
+    await project(indexed_store, [*keep, *gone])
+    await index.delete_threads(["acc/ag/g0"])
+    first = asyncio.ensure_future(index.purge())
+    await asyncio.sleep(0)  # it has begun
+    await index.delete_threads(["acc/ag/g1", "acc/ag/g2"])
+    rewritten = await asyncio.gather(first, index.purge(), index.purge(), index.purge())
+    assert rewritten[0] == 60
+    assert sorted(rewritten[1:]) == [0, 0, 60]  # one more purge for the three of them
+    for w in words:
+        assert _files_holding(w.encode(), index.path) == []
+    assert await index.count() == 60
+
+
 async def test_a_purge_asked_while_filling_runs_when_the_fill_ends(
     indexed_store: MessageStore,
 ) -> None:

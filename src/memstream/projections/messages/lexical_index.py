@@ -420,6 +420,8 @@ class LexicalIndex:
         # thread key -> (account, agent, thread, users): retags asked while filling
         self._retags: dict[str, tuple[str, str, str, frozenset[str]]] = {}
         self._purge_after_fill = False
+        self._purge_lock = asyncio.Lock()
+        self._purges_started = 0
         if fresh:  # not filled yet: the messages already stored come first
             self.mark_filling()
             layout.write_text(f"{LAYOUT}\n")
@@ -690,10 +692,20 @@ class LexicalIndex:
         segment older than the purge ends wholly deleted and is dropped at a commit; then the
         merges in flight are waited for and unused files removed. A document added during
         the purge is rewritten or left in a new segment, never lost. While the index is
-        filling, the fill's end runs it. Returns the documents rewritten."""
+        filling, the fill's end runs it. Calls made while one runs share the next one (a
+        purge that began after a call covers its deletes). Returns the documents rewritten
+        (0 for a call another purge served)."""
         if self.filling:
             self._purge_after_fill = True
             return 0
+        called = self._purges_started
+        async with self._purge_lock:  # concurrent erasures share the purges
+            if self._purges_started > called:
+                return 0  # one began after this call, so after its deletes, and has ended
+            self._purges_started += 1
+            return await self._purge()
+
+    async def _purge(self) -> int:
         threads = await self._run(self._thread_counts)
         n = 0
         step: list[str] = []
