@@ -55,9 +55,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import logging
 import math
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -73,6 +75,7 @@ from memstream.projections.messages.text_table import text_key
 from memstream.schemas.records import ThreadRef
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 CANDIDATES: Final = 300
 """Tantivy hits re-scored per search: 3x the ranking window (measured enough at 1M)."""
@@ -89,6 +92,8 @@ PURGE_STEP: Final = 5_000
 """Documents a purge (:meth:`LexicalIndex.purge`) rewrites per call on the writer's thread
 (a thread's documents are never split): the projector's writes wait at most one step,
 ~0.1 s (20,000: 0.55 s for 1.4x less time in all; ``bench/index_purge.py``)."""
+PURGE_COLLECT_WAIT_S: Final = 120.0
+"""How long a purge waits for the merges in flight to let go of the older segments' files."""
 READ_THREADS: Final = 2
 """Threads searching the index (beside its one writer thread): a search never waits for a
 commit of the projector's batch (~12 ms) or for another search."""
@@ -689,8 +694,8 @@ class LexicalIndex:
         and added again from its stored fields, thread by thread, :data:`PURGE_STEP` at a
         time on the writer's thread (each step committed: the projector's writes wait at
         most one step, and searches read the same documents before and after it), so every
-        segment older than the purge ends wholly deleted and is dropped at a commit; then the
-        merges in flight are waited for and unused files removed. A document added during
+        segment older than the purge ends wholly deleted and is dropped at a commit; then
+        their files are collected, as soon as no merge in flight reads them. A document added during
         the purge is rewritten or left in a new segment, never lost. While the index is
         filling, the fill's end runs it. Calls made while one runs share the next one (a
         purge that began after a call covers its deletes). Returns the documents rewritten
@@ -707,6 +712,7 @@ class LexicalIndex:
 
     async def _purge(self) -> int:
         threads = await self._run(self._thread_counts)
+        older = self._segments_in_meta()
         n = 0
         step: list[str] = []
         size = 0
@@ -718,8 +724,39 @@ class LexicalIndex:
                 step, size = [], 0
         if step:
             n += await self._run(functools.partial(self._rewrite_threads, step))
-        await self._run(self._collect_files)
+        await self._collect_files(older)
         return n
+
+    def _segments_in_meta(self) -> set[str]:
+        """The ids of the segments the last commit lists (as their files are named)."""
+        meta = orjson.loads((self.path / "meta.json").read_bytes())
+        return {str(seg["segment_id"]).replace("-", "") for seg in meta["segments"]}
+
+    def _files_of(self, segments: set[str]) -> list[str]:
+        return [f.name for f in self.path.iterdir() if f.name.split(".", 1)[0] in segments]
+
+    async def _collect_files(self, older: set[str]) -> None:
+        """Remove the files of the ``older`` segments (every one wholly deleted by now):
+        those no commit uses go at the next collection; one a merge in flight still reads
+        goes once that merge ends, so collect again until none is left (the writer's thread
+        is taken a moment per pass, not for the merges: writes go on meanwhile)."""
+        deadline = time.monotonic() + PURGE_COLLECT_WAIT_S
+        while True:
+            await self._run(lambda: self._w().garbage_collect_files())
+            left = self._files_of(older)
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                log.warning(
+                    "lexical index %s: %d files of segments older than the purge are still "
+                    "held after %.0f s (a merge in flight); the next purge or collection "
+                    "removes them",
+                    self.path,
+                    len(left),
+                    PURGE_COLLECT_WAIT_S,
+                )
+                return
+            await asyncio.sleep(0.1)
 
     def _thread_counts(self) -> list[tuple[str, int]]:
         """Every thread key the term dictionary holds, with its documents (deleted ones
@@ -740,16 +777,6 @@ class LexicalIndex:
                 n += total
         self._commit()
         return n
-
-    def _collect_files(self) -> None:
-        """Wait for the merges in flight (one may still read an older segment), then remove
-        every file no commit uses."""
-        if self._writer is not None:
-            self._writer.commit()
-            self._writer.wait_merging_threads()
-            self._writer = None
-        self._index.reload()
-        self._w().garbage_collect_files()
 
     # --- search ----------------------------------------------------------------------------
 
