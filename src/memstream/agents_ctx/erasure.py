@@ -19,6 +19,12 @@ An erasure is a row in ``erasures`` (Postgres) that runs to completion in the ba
 5. **ClickHouse**: the message rows, postings, vectors and owner rows of the threads, one
    mutation per table for all of them (``MessageStore.erase_threads``).
 
+Where an engine's delete only marks a record, the step also takes the bytes off the local
+files: the Postgres tables it deleted from are rewritten (``infra/postgres.vacuum``), the
+journal's WAL files collected (``Journal.drop_erased_copies``), Valkey's append-only file
+rewritten (``infra/redis_aof``), the lexical index purged and the text table compacted
+(``MessageStore.erase_threads``); what still lingers, and how long: docs/owning-memory.md.
+
 Every step is idempotent, so an erasure interrupted anywhere (a crash, a failing store) is
 resumed by running it again from the start: ``resume()`` does that for every erasure still
 ``running`` (called at start-up). ``stores`` counts what each store removed, summed over
