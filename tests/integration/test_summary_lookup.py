@@ -64,3 +64,26 @@ async def test_a_failed_listing_is_retryable(
     monkeypatch.setattr("obstore.list_with_delimiter", broken)
     with pytest.raises(RetryableInfraError, match="acc/ag/t1"):
         await store.stored_many([ThreadRef("acc", "ag", "t1")])
+
+
+async def test_erase_keys_deletes_every_key_of_the_threads_and_no_other(
+    tmp_path: Path, redis_client: aioredis.Redis
+) -> None:
+    """One pass over the keyspace for every thread of an erasure: each key of theirs goes,
+    whatever its name (offsets and spans in it) and whatever characters their ids hold
+    (a glob's, the tag's own ``}:``), and nothing of another thread whose id they prefix."""
+    store = SummaryStore(LocalStore(prefix=tmp_path, mkdir=True), redis_client)
+    erased = [ThreadRef("acc", "ag", t) for t in ("t1", "a}:b", "x*[?]", "ünï")]
+    kept = [ThreadRef("acc", "ag", t) for t in ("t10", "a}", "x", "t1:")]
+    names = ["summary", "sumlock", "counters", "counters.g2", "counted:7", "flushed:0-9"]
+    for ref in erased + kept:
+        for name in names:
+            await redis_client.set(f"ms:{{{ref.key}}}:{name}", "v")
+    await redis_client.set("ms:stream:memstream-counters:next", "v")
+    assert await store.erase_keys(erased) == len(erased) * len(names)
+    for ref in erased:
+        assert await redis_client.exists(*(f"ms:{{{ref.key}}}:{n}" for n in names)) == 0
+    for ref in kept:
+        assert await redis_client.exists(*(f"ms:{{{ref.key}}}:{n}" for n in names)) == len(names)
+    assert await redis_client.exists("ms:stream:memstream-counters:next") == 1
+    assert await store.erase_keys(erased) == 0  # idempotent
