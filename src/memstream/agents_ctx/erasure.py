@@ -39,7 +39,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -244,16 +244,41 @@ class Erasures:
         e = _erasure(row)
         if e.status == "done":
             return e
-        refs = await self._register(e)
-        if e.kind == "user" and e.user_id is not None:
-            await self._erase_entries(e, e.user_id)
-        await self._shred(e, refs)
-        await self._erase_threads(e, refs)
-        await self._pool.execute(
-            "UPDATE erasures SET status = 'done', finished_at = now() WHERE erasure_id = $1",
-            erasure_id,
-        )
+        try:
+            async with self._step("register"):
+                refs = await self._register(e)
+            if e.kind == "user" and e.user_id is not None:
+                async with self._step("entries"):
+                    await self._erase_entries(e, e.user_id)
+            async with self._step("keys"):
+                await self._shred(e, refs)
+            async with self._step("threads"):
+                await self._erase_threads(e, refs)
+            await self._pool.execute(
+                "UPDATE erasures SET status = 'done', finished_at = now() WHERE erasure_id = $1",
+                erasure_id,
+            )
+        except Exception:
+            self._outcome(e.kind, "failed")
+            raise
+        self._outcome(e.kind, "done")
         return await self.get(e.account_id, erasure_id)
+
+    @contextlib.asynccontextmanager
+    async def _step(self, name: str) -> AsyncIterator[None]:
+        """Time one step into ``memstream_erasure_step_seconds`` (when metrics are wired)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._svc.metrics is not None:
+                self._svc.metrics.erasure_step_latency.labels(name).observe(
+                    time.perf_counter() - start
+                )
+
+    def _outcome(self, kind: str, outcome: str) -> None:
+        if self._svc.metrics is not None:
+            self._svc.metrics.erasures.labels(kind, outcome).inc()
 
     async def _register(self, e: Erasure) -> list[ThreadRef]:
         """The erasure's threads, registered as erased (before anything is deleted)."""

@@ -25,6 +25,10 @@ dlq_events_total                               counter    processor, origin_topi
 journal_append_seconds                         histogram  -
 journal_group_commit_batch_size                histogram  -
 relay_backlog                                  gauge      relay
+erasures_total                                 counter    kind (thread, user), outcome (done,
+                                                          failed: stays running, resumed)
+erasure_step_seconds                           histogram  step (register, entries, keys,
+                                                          threads)
 recall_seconds                                 histogram  source (index, fallback)
 context_assembly_seconds                       histogram  -
 http_requests_total                            counter    method, route, status
@@ -83,6 +87,8 @@ SERVER_STATES: Final = ("running", "restarting", "failed", "stopped")
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 # Sub-millisecond to tens of seconds: a Redis claim is ~0.2 ms, a summary with an LLM ~s.
+_ERASURE_BUCKETS: Final = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+"""An erasure step: milliseconds for a thread, minutes for a large user's."""
 _LATENCY_BUCKETS: Final = (
     0.0005,
     0.001,
@@ -197,6 +203,23 @@ class Metrics:
             "memstream_relay_backlog",
             "Records written but not yet published by a relay.",
             ["relay"],
+            registry=r,
+        )
+        # --- erasure (agents_ctx.erasure) -------------------------------------------------------
+        self.erasures = Counter(
+            "memstream_erasures",
+            "Erasure runs by kind and outcome (failed: the erasure stays running and is "
+            "resumed at the next start).",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.erasure_step_latency = Histogram(
+            "memstream_erasure_step_seconds",
+            "Time of each step of an erasure run: register (threads found, records flagged, "
+            "the threads table rewritten), entries (memory entries, outbox), keys (data "
+            "keys), threads (journal, summaries and Valkey, ClickHouse and its indexes).",
+            ["step"],
+            buckets=_ERASURE_BUCKETS,
             registry=r,
         )
         # --- read side --------------------------------------------------------------------------
