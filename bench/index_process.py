@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from loop_lateness import loop_lateness
 
 from memstream.projections.memory_index.edge import EdgeIndex
 from memstream.projections.memory_index.edge_process import EdgeIndexProcess
@@ -56,24 +57,14 @@ def pct(values: list[float], p: float) -> float:
 
 async def measure(backend: IndexBackend, queries: list[list[float]]) -> dict[str, float]:
     """Query latency and the event loop's lateness while the queries run one by one."""
-    late: list[float] = []
-    done = False
-
-    async def ticker() -> None:
-        while not done:
-            t = time.perf_counter()
-            await asyncio.sleep(0.001)
-            late.append((time.perf_counter() - t - 0.001) * 1000)
-
-    task = asyncio.ensure_future(ticker())
     took = []
     scope = RecallScope("a", "g", None, time.time(), None)
-    for q in queries:
-        t = time.perf_counter()
-        await backend.hybrid_query(COLLECTION, q, SparseVec([3, 51], [1.0, 1.0]), scope, 5, 100)
-        took.append((time.perf_counter() - t) * 1000)
-    done = True
-    await task
+    async with loop_lateness() as late:
+        for q in queries:
+            t = time.perf_counter()
+            sparse = SparseVec([3, 51], [1.0, 1.0])
+            await backend.hybrid_query(COLLECTION, q, sparse, scope, 5, 100)
+            took.append((time.perf_counter() - t) * 1000)
     return {
         "p50": pct(took, 50),
         "p99": pct(took, 99),

@@ -76,6 +76,7 @@ import numpy as np
 import pyarrow as pa
 import transcript_search as ts
 from lexical_engines import DB, dir_size
+from loop_lateness import loop_lateness
 from recall_scale import CACHE
 from transcript_vectors import mixtures
 
@@ -209,20 +210,9 @@ async def loop_stalls(
     after another on the same loop: p50, p99 and max ms late, and the ms of waits over 5 ms
     per query. A call that holds the GIL on a worker thread (qdrant-edge's search does) stops
     the loop for its length, whatever thread it runs on."""
-    late: list[float] = []
-    done = False
-
-    async def ticker() -> None:
-        while not done:
-            t = time.perf_counter()
-            await asyncio.sleep(0.001)
-            late.append((time.perf_counter() - t - 0.001) * 1000)
-
-    task = asyncio.ensure_future(ticker())
-    for spec in specs:
-        await run(spec)
-    done = True
-    await task
+    async with loop_lateness() as late:
+        for spec in specs:
+            await run(spec)
     stalled = sum(x for x in late if x > 5) / max(len(specs), 1)
     return ts.pct(late, 50), ts.pct(late, 99), max(late), stalled
 
