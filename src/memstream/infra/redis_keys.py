@@ -65,6 +65,16 @@ def flush_claim(ref: ThreadRef, start: int, end: int) -> str:
     return _k(ref, f"flushed:{start}-{end}")
 
 
+def thread_base_of(key: str) -> str:
+    """The :func:`thread_base` of one of a thread's keys (read up to its last ``}:``: the
+    names after the tag never hold ``}``, the ids inside it may)."""
+    return key[: key.rfind("}:") + 2]
+
+
+THREAD_KEYS = f"{PREFIX}:{{*"
+"""A SCAN ``MATCH`` pattern for the keys of every thread."""
+
+
 def thread_pattern(ref: ThreadRef) -> str:
     """A SCAN ``MATCH`` pattern for every key of one thread (glob characters escaped)."""
     tag = "".join("\\" + c if c in "*?[]\\" else c for c in ref.key)

@@ -348,9 +348,9 @@ class SummaryStore:
         deleted = 0
         try:
             found: list[bytes] = []
-            async for key in self._redis.scan_iter(match=f"{redis_keys.PREFIX}:{{*", count=1_000):
+            async for key in self._redis.scan_iter(match=redis_keys.THREAD_KEYS, count=1_000):
                 name = key.decode() if isinstance(key, bytes) else str(key)
-                if name[: name.rfind("}:") + 2] in tags:  # names never hold "}"; ids may
+                if redis_keys.thread_base_of(name) in tags:
                     found.append(key)
                     if len(found) >= ERASE_KEYS_BATCH:
                         deleted += int(await self._redis.delete(*found))
