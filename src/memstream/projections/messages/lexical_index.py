@@ -658,29 +658,32 @@ class LexicalIndex:
         self._retag(queued, queue=False)
         self._clear_filling()
 
-    async def delete_keys(self, keys: Sequence[str]) -> int:
-        """Delete the documents of the messages at ``keys`` (:attr:`IndexRow.key`); how many
-        there were."""
-        return await self._delete("key", keys)
+    async def delete_keys(self, keys: Sequence[str]) -> None:
+        """Delete the documents of the messages at ``keys`` (:attr:`IndexRow.key`)."""
+        await self._delete("key", keys, count=False)
 
     async def delete_threads(self, keys: Sequence[str]) -> int:
         """Delete every document of the threads at ``keys``
         (:attr:`~memstream.schemas.records.ThreadRef.key`); how many there were. Their text
         stays in the segments' files until :meth:`purge`."""
-        return await self._delete("thread_key", keys)
+        return await self._delete("thread_key", keys, count=True)
 
-    async def _delete(self, field: str, values: Sequence[str]) -> int:
+    async def _delete(self, field: str, values: Sequence[str], *, count: bool) -> int:
+        """Delete the documents holding ``values`` in ``field``; with ``count``, how many
+        there were (0 without: a rolled-back batch's keys need no search each)."""
         if not values:
             return 0
 
         def go() -> int:
-            if self._uncommitted:  # counted below, and in a file once committed: as the others
-                self._commit()
-            searcher, Q = self._index.searcher(), self._tantivy.Query
-            found = sum(
-                _count(searcher.search(Q.term_query(self._schema, field, v), 1, count=True))
-                for v in values
-            )
+            found = 0
+            if count:
+                if self._uncommitted:  # counted below, and in a file once committed
+                    self._commit()
+                searcher, Q = self._index.searcher(), self._tantivy.Query
+                found = sum(
+                    _count(searcher.search(Q.term_query(self._schema, field, v), 1, count=True))
+                    for v in values
+                )
             w = self._w()
             for v in values:
                 w.delete_documents_by_term(field, v)
@@ -761,12 +764,14 @@ class LexicalIndex:
     def _thread_counts(self) -> list[tuple[str, int]]:
         """Every thread key the term dictionary holds, with its documents (deleted ones
         included, until a merge), after committing what is pending."""
-        self._commit()
+        if self._uncommitted:
+            self._commit()
         terms = self._index.searcher().terms_with_prefix("thread_key", "")
         return [(str(term), int(count)) for term, count in terms]
 
     def _rewrite_threads(self, keys: Sequence[str]) -> int:
-        self._commit()  # the searcher below holds every document added so far
+        if self._uncommitted:  # the searcher below holds every document added so far
+            self._commit()
         searcher, Q = self._index.searcher(), self._tantivy.Query
         w = self._w()
         n = 0
