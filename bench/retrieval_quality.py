@@ -185,29 +185,26 @@ class Bm25:
         self.len = [sum(t.values()) for t in self.tf]
         self.avg = sum(self.len) / max(len(docs), 1)
         df: Counter[str] = Counter()
-        for t in self.tf:
+        self.postings: dict[str, list[tuple[int, int]]] = {}
+        for i, t in enumerate(self.tf):
             df.update(t.keys())
+            for w, f in t.items():
+                self.postings.setdefault(w, []).append((i, f))
         n = len(docs)
         self.idf = {w: math.log(1 + (n - d + 0.5) / (d + 0.5)) for w, d in df.items()}
         self.k1, self.b = k1, b
 
+    def scores(self, query: str) -> dict[int, float]:
+        """Each document sharing a word with ``query``: its BM25 score."""
+        out: dict[int, float] = {}
+        for w in set(_WORD.findall(query.lower())):
+            for i, f in self.postings.get(w, ()):
+                norm = self.k1 * (1 - self.b + self.b * self.len[i] / self.avg)
+                out[i] = out.get(i, 0.0) + self.idf[w] * f * (self.k1 + 1) / (f + norm)
+        return out
+
     def top(self, query: str, k: int) -> list[int]:
-        q = set(_WORD.findall(query.lower()))
-        scores = []
-        for i, t in enumerate(self.tf):
-            s = 0.0
-            for w in q:
-                f = t.get(w, 0)
-                if f:
-                    s += (
-                        self.idf[w]
-                        * f
-                        * (self.k1 + 1)
-                        / (f + self.k1 * (1 - self.b + self.b * self.len[i] / self.avg))
-                    )
-            if s > 0:
-                scores.append((s, i))
-        scores.sort(reverse=True)
+        scores = sorted(((s, i) for i, s in self.scores(query).items() if s > 0), reverse=True)
         return [i for _, i in scores[:k]]
 
 
