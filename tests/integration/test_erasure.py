@@ -32,6 +32,7 @@ from memstream.schemas.events import decode
 from memstream.schemas.records import Caller, Summary, ThreadRef
 from tests.fixtures.api import ApiStack
 from tests.fixtures.binding import EVERY_AGENT_BOUND
+from tests.fixtures.disk import files_holding, settles_holding
 from tests.fixtures.stores import tables_holding
 from tests.integration.test_memory_recall_index import project
 
@@ -122,26 +123,6 @@ async def wait_done(s: ApiStack, erasure_id: str, key: str) -> dict[str, object]
     raise AssertionError("erasure did not finish")
 
 
-def journal_files_holding(s: ApiStack, word: str) -> list[str]:
-    """The journal's object-store files (WAL and tables) holding ``word``."""
-    root = s.services.settings.data_dir
-    return [str(f) for f in root.rglob("*") if f.is_file() and word.encode() in f.read_bytes()]
-
-
-async def aof_holds(server: EmbeddedRedis, word: str, *, expect: bool) -> bool:
-    """Whether Valkey's data folder (its append-only file) holds ``word``, polled up to 2 s
-    for the ``expect``ed answer (Valkey writes its AOF at the end of an event-loop turn and
-    unlinks a rewrite's old files on a background thread)."""
-    for _ in range(40):
-        found = any(
-            f.is_file() and word.encode() in f.read_bytes() for f in server.data_dir.rglob("*")
-        )
-        if found == expect:
-            break
-        await asyncio.sleep(0.05)
-    return found
-
-
 async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     stack: ApiStack, pg_server: EmbeddedPostgres, redis_server: EmbeddedRedis
 ) -> None:
@@ -173,8 +154,10 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
 
     # on disk, the cached summaries in Valkey's append-only file, the entries' content and
     # the thread's metadata in Postgres's files (the checks see what is there)
-    assert await aof_holds(redis_server, SECRET, expect=True)
-    assert journal_files_holding(s, SECRET)  # the WAL files of her appends
+    assert await settles_holding(SECRET.encode(), redis_server.data_dir, expect=True)
+    assert files_holding(
+        SECRET.encode(), s.services.settings.data_dir
+    )  # the WAL files of her appends
     assert {"memory_entries", "threads"} <= set(
         await tables_holding(s.pool, pg_server.pgdata, SECRET.encode())
     )
@@ -210,8 +193,12 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     # not even dead row versions in Postgres's files (erasure_rewrite_tables): the deleted
     # entries and outbox events, the thread's metadata before it was cleared
     assert await tables_holding(s.pool, pg_server.pgdata, SECRET.encode()) == []
-    assert not await aof_holds(redis_server, SECRET, expect=False)  # the AOF was rewritten
-    assert journal_files_holding(s, SECRET) == []  # flushed past, WAL files collected
+    assert not await settles_holding(
+        SECRET.encode(), redis_server.data_dir, expect=False
+    )  # the AOF was rewritten
+    assert (
+        files_holding(SECRET.encode(), s.services.settings.data_dir) == []
+    )  # flushed past, WAL files collected
     assert (await svc.message_store.threads_of_user("acme", "alice")) == []
     assert (await svc.memory.recall(alice, SECRET)).results == []
     outbox = await s.pool.fetch("SELECT event FROM memory_outbox")

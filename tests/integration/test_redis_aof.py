@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.redis_aof import rewrite_append_log
+from tests.fixtures.disk import settles_holding
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -27,18 +28,6 @@ async def valkey(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedRedis, aioredis.
     await server.stop()
 
 
-async def _holding(server: EmbeddedRedis, needle: bytes, *, expect: bool) -> bool:
-    """Whether a file of the server's folder holds ``needle``, polled up to 2 s for the
-    ``expect``ed answer: Valkey writes its AOF buffer at the end of an event-loop turn (later
-    when an fsync is slow) and unlinks a rewrite's old files on a background thread."""
-    for _ in range(40):
-        found = any(f.is_file() and needle in f.read_bytes() for f in server.data_dir.rglob("*"))
-        if found == expect:
-            break
-        await asyncio.sleep(0.05)
-    return found
-
-
 async def test_a_deleted_keys_write_leaves_the_file(
     valkey: tuple[EmbeddedRedis, aioredis.Redis],
 ) -> None:
@@ -46,9 +35,11 @@ async def test_a_deleted_keys_write_leaves_the_file(
     await client.set("kept", "kept value")
     await client.set("gone", "the zqsummarycanary text")
     await client.delete("gone")
-    assert await _holding(server, b"zqsummarycanary", expect=True)  # the DEL appended after it
+    assert await settles_holding(
+        b"zqsummarycanary", server.data_dir, expect=True
+    )  # the DEL appended after it
     assert await rewrite_append_log(client) is True
-    assert not await _holding(server, b"zqsummarycanary", expect=False)
+    assert not await settles_holding(b"zqsummarycanary", server.data_dir, expect=False)
     assert await client.get("kept") == b"kept value"
 
 

@@ -34,6 +34,7 @@ from memstream.projections.messages.sql import SearchSpec, query_words
 from memstream.projections.replay_sinks import MessagesSink
 from memstream.schemas.events import encode, message_appended
 from memstream.schemas.records import Caller, Message
+from tests.fixtures.disk import files_holding
 from tests.integration.test_search_postings import WORDS, _corpus
 from tests.integration.test_transcript_search import explained, m, project, search
 
@@ -222,17 +223,6 @@ async def test_erasure_removes_the_thread_from_the_index(indexed_store: MessageS
     assert [(d.thread_id, d.record.content) for d in docs] == [("b", "narwhal facts")]
 
 
-def _files_holding(needle: bytes, *roots: Path) -> list[str]:
-    """Files under ``roots`` whose raw bytes hold ``needle`` (what someone who reads the
-    disk, not the API, would find)."""
-    return [
-        str(f)
-        for root in roots
-        for f in root.rglob("*")
-        if f.is_file() and needle in f.read_bytes()
-    ]
-
-
 async def _indexed(index: LexicalIndex, msgs: list[Message]) -> list[tuple[str, int]]:
     """Which of ``msgs`` the index holds a document of, read back by key."""
     keys = [f"acc/ag/{x.thread_id}/{x.offset}" for x in msgs]
@@ -263,11 +253,11 @@ async def test_erased_text_leaves_the_files_of_the_index_and_the_text_table(
     index = indexed_store.lexical_index()
     assert index is not None
     text_dirs = await _text_table_dirs(indexed_store)
-    assert _files_holding(canary.encode(), index.path)  # the check sees what is there
-    assert _files_holding(canary.encode(), *text_dirs)
+    assert files_holding(canary.encode(), index.path)  # the check sees what is there
+    assert files_holding(canary.encode(), *text_dirs)
     await indexed_store.erase_threads([("acc", "ag", "gone")])
-    assert _files_holding(canary.encode(), index.path) == []
-    assert _files_holding(canary.encode(), *text_dirs) == []
+    assert files_holding(canary.encode(), index.path) == []
+    assert files_holding(canary.encode(), *text_dirs) == []
     u1 = Caller("acc", "ag", "u1")
     assert await search(indexed_store, u1, query=canary) == []
     assert len(await search(indexed_store, u1, query="harmless walrus", limit=50)) == 50
@@ -324,7 +314,7 @@ async def test_purges_asked_at_once_share_the_work(indexed_store: MessageStore) 
     assert rewritten[0] == 60
     assert sorted(rewritten[1:]) == [0, 0, 60]  # one more purge for the three of them
     for w in words:
-        assert _files_holding(w.encode(), index.path) == []
+        assert files_holding(w.encode(), index.path) == []
     assert await index.count() == 60
 
 
@@ -347,7 +337,7 @@ async def test_a_purge_asked_while_filling_runs_when_the_fill_ends(
         yield rows("kept2", "walrus", 50)
 
     assert await index.fill(batches) == 105
-    assert _files_holding(canary.encode(), index.path) == []
+    assert files_holding(canary.encode(), index.path) == []
     assert await index.count() == 100
 
 

@@ -8,10 +8,7 @@ from array import array
 from pathlib import Path
 
 from memstream.infra.embeddings import SqliteEmbeddingStore
-
-
-def _on_disk(folder: Path, needle: bytes) -> list[str]:
-    return [f.name for f in folder.iterdir() if f.is_file() and needle in f.read_bytes()]
+from tests.fixtures.disk import files_holding
 
 
 def test_forgotten_vectors_leave_the_file_and_its_log(tmp_path: Path) -> None:
@@ -20,9 +17,9 @@ def test_forgotten_vectors_leave_the_file_and_its_log(tmp_path: Path) -> None:
     secret = [1234.5678, -8765.4321, 0.0123, 42.4242, 3.1416, 2.7182, 1.4142, 9.8765]
     store.put_many("m", "passage", [*kept[:100], ("gone", secret), *kept[100:]])
     needle = array("f", secret).tobytes()
-    assert _on_disk(tmp_path, needle)  # the check sees what is there
+    assert files_holding(needle, tmp_path)  # the check sees what is there
     assert store.delete_many(["gone"]) == 1
-    assert _on_disk(tmp_path, needle) == []
+    assert files_holding(needle, tmp_path) == []
     assert store.get_many("m", "passage", ["k7", "gone"]) == {"k7": [7.25] * 8}
     assert store.count() == 200
     store.close()
