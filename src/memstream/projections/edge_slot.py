@@ -25,6 +25,14 @@ next open).
 
 A failed or killed child leaves the shard in use as it was (its copy deleted); folders of an
 interrupted build are swept at the next open. Blocking methods run in worker threads.
+Copies keep the shard's sparse files sparse (``infra/sparse_copy``): a copy writes what the
+shard holds, not the ~200 MB qdrant-edge preallocates.
+
+:meth:`ShardSlot.rewrite` (erasure) goes the same way, but its child writes a fresh shard
+from the live points of the copy instead of optimizing the copy: a delete only marks a
+point, whose vector, sparse terms and payload stay in its segment, and the WAL keeps the
+operation that wrote them, until this rewrite (``docs/owning-memory.md``). Builds and
+rewrites take turns.
 """
 
 from __future__ import annotations
@@ -48,15 +56,22 @@ from qdrant_edge import (
     EdgeVectorParams,
     HnswIndexConfig,
     Modifier,
+    Point,
     ScalarQuantizationConfig,
     ScalarType,
+    ScrollRequest,
     UpdateOperation,
 )
 
+from memstream.infra.sparse_copy import copy_tree
 from memstream.projections.memory_index.tuning import IndexTuning
 
 CURRENT: Final = "CURRENT"
 """The file naming the shard folder in use."""
+CONFIG_FILE: Final = "edge_config.json"
+"""Where qdrant-edge keeps a shard's configuration, which ``EdgeShard.load`` reads."""
+REWRITE_PAGE: Final = 1_000
+"""Points a rewrite reads and writes at a time."""
 RETIRE_S: Final = 30.0
 """How long a shard replaced by a build stays open for the searches still reading it."""
 
@@ -110,6 +125,8 @@ class ShardSlot:
         self._lock = threading.Lock()  # loading, creating and switching the shard
         self._write_lock = threading.Lock()  # writes, and a build's copy and switch
         self._during_build: list[Write] | None = None
+        self._jobs: asyncio.Lock | None = None  # one build or rewrite at a time
+        self._rewrites_started = 0
         self._retired: list[tuple[EdgeShard, Path]] = []
 
     @property
@@ -216,16 +233,44 @@ class ShardSlot:
 
     async def build(self) -> bool:
         """Build the graphs in a child process and switch to the result (module docstring).
-        False when there is no shard or a build is already running."""
-        target = await asyncio.to_thread(self._copy_for_build)
-        if target is None:
+        False when there is no shard or a build or rewrite is already running."""
+        jobs = self._job_lock()
+        if jobs.locked():
             return False
+        async with jobs:
+            return await self._remake(rewrite=False)
+
+    async def rewrite(self) -> bool:
+        """Rewrite the shard in use into a fresh one that holds only its live points (for an
+        erasure: a deleted point's vector, sparse terms and payload stay in its segment and
+        in the WAL until then), with graphs built, in a child process, and switch to it;
+        searches and writes go on meanwhile (module docstring). The replaced folder is
+        deleted :data:`RETIRE_S` later. Waits for a build or rewrite already running; one
+        that started after this call was made covers it. False when there is no shard."""
+        asked = self._rewrites_started
+        async with self._job_lock():
+            if self._rewrites_started > asked:  # began after our caller's deletes
+                return True
+            self._rewrites_started += 1
+            return await self._remake(rewrite=True)
+
+    def _job_lock(self) -> asyncio.Lock:
+        if self._jobs is None:
+            self._jobs = asyncio.Lock()
+        return self._jobs
+
+    async def _remake(self, *, rewrite: bool) -> bool:
+        copied = await asyncio.to_thread(self._copy_for_build, rewrite)
+        if copied is None:
+            return False
+        source, target = copied
+        args = ["--rewrite", str(source), str(target)] if rewrite else [str(target)]
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
                 __name__,
-                str(target),
+                *args,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
             )
@@ -237,8 +282,9 @@ class ShardSlot:
                 await proc.wait()
                 raise
             if proc.returncode != 0:
+                what = "rewrite" if rewrite else "graph build"
                 raise RuntimeError(
-                    f"graph build of {target} failed ({proc.returncode}): "
+                    f"{what} of {target} failed ({proc.returncode}): "
                     f"{err.decode(errors='replace')[-2000:]}"
                 )
             await asyncio.to_thread(self._switch_to, target)
@@ -247,10 +293,15 @@ class ShardSlot:
                 self._during_build = None
             await asyncio.to_thread(shutil.rmtree, target, True)
             raise
+        finally:
+            if source != target:
+                await asyncio.to_thread(shutil.rmtree, source, True)
         asyncio.get_running_loop().call_later(RETIRE_S, self._retire_later)
         return True
 
-    def _copy_for_build(self) -> Path | None:
+    def _copy_for_build(self, rewrite: bool = False) -> tuple[Path, Path] | None:
+        """(the copy a child reads, the folder it leaves the result in): one folder for a
+        build, which works on the copy in place; ``g<N+1>.src`` beside it for a rewrite."""
         shard = self.get()
         if shard is None:
             return None
@@ -258,11 +309,13 @@ class ShardSlot:
             if self._during_build is not None:
                 return None
             target = self.path / f"g{self._generation + 1}"
-            shutil.rmtree(target, ignore_errors=True)
+            source = target.with_name(f"{target.name}.src") if rewrite else target
+            for folder in {target, source}:
+                shutil.rmtree(folder, ignore_errors=True)
             shard.flush()
-            shutil.copytree(self.path / f"g{self._generation}", target)
+            copy_tree(self.path / f"g{self._generation}", source)
             self._during_build = []
-        return target
+        return source, target
 
     def _switch_to(self, target: Path) -> None:
         built = EdgeShard.load(str(target))
@@ -311,5 +364,37 @@ def _build_main(folder: str) -> None:
     shard.close()
 
 
+def _rewrite_main(source: str, target: str) -> None:
+    """The child of :meth:`ShardSlot.rewrite`: a fresh shard at ``target`` with the
+    configuration (``edge_config.json``), payload indexes and live points of the one at
+    ``source``, graphs built. Fresh, WAL included: the WAL of ``source`` still holds the
+    operations that wrote deleted points."""
+    with contextlib.suppress(OSError):
+        os.nice(19)
+    old = EdgeShard.load(source)
+    Path(target).mkdir(parents=True)
+    shutil.copyfile(Path(source) / CONFIG_FILE, Path(target) / CONFIG_FILE)
+    new = EdgeShard.load(target)
+    for name, info in old.info().payload_schema.items():  # before any point (graphs)
+        schema = info.params if info.params is not None else info.data_type
+        new.update(UpdateOperation.create_field_index(name, schema))
+    offset = None
+    while True:
+        page = ScrollRequest(limit=REWRITE_PAGE, offset=offset, with_payload=True, with_vector=True)
+        records, offset = old.scroll(page)
+        if records:
+            points = [Point(r.id, r.vector or {}, r.payload) for r in records]
+            new.update(UpdateOperation.upsert_points(points))
+        if offset is None:
+            break
+    old.close()
+    new.optimize()
+    new.flush()
+    new.close()
+
+
 if __name__ == "__main__":
-    _build_main(sys.argv[1])
+    if sys.argv[1] == "--rewrite":
+        _rewrite_main(sys.argv[2], sys.argv[3])
+    else:
+        _build_main(sys.argv[1])

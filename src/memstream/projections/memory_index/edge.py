@@ -191,6 +191,11 @@ class EdgeIndex:
         if self._base.is_dir():  # dropped collections a crash left behind
             self._sweep_later(sorted(self._base.glob(f"{_TRASH_PREFIX}*")))
 
+    @property
+    def base_dir(self) -> Path:
+        """The folder holding a folder per collection."""
+        return self._base
+
     # --- shards ----------------------------------------------------------------------------
     def _path(self, name: str) -> Path:
         return self._base / name
@@ -443,6 +448,16 @@ class EdgeIndex:
         built = await slot.build() if slot is not None else False
         self.pending_rebuild.discard(name)
         return built
+
+    async def rewrite(self, name: str) -> bool:
+        """Rewrite a collection into a fresh shard of its live points, graphs built, in a
+        child process (:meth:`ShardSlot.rewrite`): an erasure's deleted points leave the
+        files. True if it switched."""
+        slot = await asyncio.to_thread(self._slot, name, None)
+        done = await slot.rewrite() if slot is not None else False
+        if done:
+            self.pending_rebuild.discard(name)
+        return done
 
     def info(self, name: str) -> Any:
         """Segments, points, indexed vectors and payload indexes of a collection (``None``

@@ -32,6 +32,7 @@ CALLS: Final = frozenset(
         "drop_collection",
         "optimize",
         "build",
+        "rewrite",
         "info",
         "pending_rebuilds",
     }
@@ -100,6 +101,10 @@ class EdgeIndexProcess:
     async def build(self, name: str) -> bool:
         """:meth:`EdgeIndex.build`: the graph built beside the shard in use, switched to."""
         return bool(await self._served.call("build", name))
+
+    async def rewrite(self, name: str) -> bool:
+        """:meth:`EdgeIndex.rewrite`: the collection rewritten from its live points."""
+        return bool(await self._served.call("rewrite", name))
 
     async def pending_rebuilds(self) -> set[str]:
         """Collections re-tuned when opened whose graph is still the old one."""

@@ -150,6 +150,17 @@ class MemoryIndex:
             cached = int(await forget([document_text(e) for e in tombstones]))
         return points, cached
 
+    async def purge(self, account_id: str) -> bool:
+        """Take the deleted points of the account's collection off its files (erasure): on
+        qdrant-edge a delete only marks a point, whose vector and BM25 terms stay in the
+        segment and the WAL, so the collection is rewritten from its live points in a child
+        process (``EdgeIndex.rewrite``). A Qdrant server vacuums by itself: a no-op there.
+        True if a rewrite ran."""
+        rewrite = getattr(self.backend, "rewrite", None)  # qdrant-edge's
+        if rewrite is None:
+            return False
+        return bool(await rewrite(self.collection(account_id)))
+
     async def _delete(self, dels: list[Delete]) -> int:
         by_coll: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for d in dels:

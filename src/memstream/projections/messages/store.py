@@ -1369,15 +1369,21 @@ LIMIT {INDEX_FILL_BATCH}""",
         synchronously; returns the message rows that were stored. Idempotent."""
         return await self.erase_threads([(account_id, agent_id, thread_id)])
 
-    async def erase_threads(self, threads: Sequence[tuple[str, str, str]]) -> int:
+    async def erase_threads(
+        self, threads: Sequence[tuple[str, str, str]], *, purge: bool = False
+    ) -> int:
         """:meth:`erase_thread` for many (account, agent, thread) triples: one mutation per
         table for each :data:`ERASE_CHUNK` threads, not one per thread and table (a user's
         erasure of 100 threads ran 400 mutations, each rewriting the parts it touched).
-        Returns the message rows that were stored. Idempotent."""
+        Returns the message rows that were stored. Idempotent.
+
+        Where a delete only marks (the lexical index, the vector index's shards), the index
+        is then purged of the erased bytes if this call deleted something there, or always
+        with ``purge`` (a resumed erasure: an earlier run may have deleted and stopped
+        before its purge)."""
         stored = 0
         unique = list(dict.fromkeys(threads))
-        for vectors in self._vector_indexes():
-            await vectors.delete_threads(unique)
+        rewrite = [v for v in self._vector_indexes() if await v.delete_threads(unique) or purge]
         index = self.lexical_index()
         indexed = 0
         if index is not None:  # filled or filling (a fill reads what is left)
@@ -1398,8 +1404,10 @@ LIMIT {INDEX_FILL_BATCH}""",
             for table in tables:
                 await self.engine.command(erase_threads_sql(self.database, table, chunk))
         # deletes mark; these take the erased text off the disk (docs/owning-memory.md)
-        if index is not None and indexed:
+        if index is not None and (indexed or purge):
             await index.purge()
+        for vectors in rewrite:  # and the erased vectors
+            await vectors.rewrite()
         if has_text and stored:  # RocksDB keeps a deleted value until a compaction drops it
             await self.engine.command(optimize_sql(self.database, TEXT_TABLE))
         return stored

@@ -239,7 +239,9 @@ class DenseIndex(Protocol):
 
     async def upsert(self, rows: Sequence[VectorRow]) -> None: ...
 
-    async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> None: ...
+    async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> int: ...
+
+    async def rewrite(self) -> bool: ...
 
     async def fill(self, batches: Callable[[], AsyncIterator[list[VectorRow]]]) -> int: ...
 
@@ -365,22 +367,40 @@ class VectorIndex(FilledFromRecord):
         if rows:
             await asyncio.to_thread(self._upsert_blocking, rows)
 
-    def _delete_blocking(self, threads: Sequence[tuple[str, str, str]]) -> None:
-        if self._get() is None:
-            return
+    def _delete_blocking(self, threads: Sequence[tuple[str, str, str]]) -> int:
+        shard = self._get()
+        if shard is None:
+            return 0
         by_agent: dict[tuple[str, str], list[str]] = {}
         for a, g, t in threads:
             by_agent.setdefault((a, g), []).append(t)
+        deleted = 0
         for (a, g), ts in by_agent.items():
-            delete = UpdateOperation.delete_points_by_filter(
-                Filter(must=[*_agent_filter(a, g), FieldCondition("thread_id", match=MatchAny(ts))])
+            flt = Filter(
+                must=[*_agent_filter(a, g), FieldCondition("thread_id", match=MatchAny(ts))]
             )
+            deleted += int(shard.count(CountRequest(exact=True, filter=flt)))
+            delete = UpdateOperation.delete_points_by_filter(flt)
             self.slot.write(lambda sh, op=delete: sh.update(op))  # type: ignore[misc]
+        return deleted
 
-    async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> None:
-        """Delete every point of the ``(account, agent, thread)`` threads (erasure)."""
-        if threads:
-            await asyncio.to_thread(self._delete_blocking, threads)
+    async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> int:
+        """Delete every point of the ``(account, agent, thread)`` threads (erasure); returns
+        how many there were."""
+        if not threads:
+            return 0
+        return await asyncio.to_thread(self._delete_blocking, threads)
+
+    async def rewrite(self) -> bool:
+        """Rewrite the shard from its live points in a child process and switch to it
+        (:meth:`ShardSlot.rewrite`): deleted points' vectors leave the files (erasure).
+        True if it switched."""
+        if self._closed:
+            return False
+        done = await self.slot.rewrite()
+        if done:
+            self._left_unindexed = await asyncio.to_thread(self.slot.unindexed)
+        return done
 
     # --- reads -----------------------------------------------------------------------------
     def _count_blocking(self, account_id: str | None, agent_id: str | None) -> int:

@@ -26,7 +26,7 @@ from memstream.projections.messages.vector_index import (
 from memstream.projections.served import Served, ShardInfo
 
 CALLS: Final = frozenset(
-    {"upsert", "delete_threads", "count", "nearest", "maintain", "build", "info"}
+    {"upsert", "delete_threads", "rewrite", "count", "nearest", "maintain", "build", "info"}
 )
 """What the child answers (:class:`_Hosted`'s methods)."""
 
@@ -61,10 +61,16 @@ class VectorIndexProcess(FilledFromRecord):
         if rows:
             await self._served.call("upsert", list(rows))
 
-    async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> None:
-        """Delete every point of the ``(account, agent, thread)`` threads (erasure)."""
-        if threads:
-            await self._served.call("delete_threads", list(threads))
+    async def delete_threads(self, threads: Sequence[tuple[str, str, str]]) -> int:
+        """Delete every point of the ``(account, agent, thread)`` threads (erasure); returns
+        how many there were."""
+        if not threads:
+            return 0
+        return int(await self._served.call("delete_threads", list(threads)))
+
+    async def rewrite(self) -> bool:
+        """:meth:`VectorIndex.rewrite`, in the child: deleted points leave the files."""
+        return bool(await self._served.call("rewrite"))
 
     async def count(self, account_id: str | None = None, agent_id: str | None = None) -> int:
         return int(await self._served.call("count", account_id, agent_id))
