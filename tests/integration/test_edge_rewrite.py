@@ -170,6 +170,41 @@ async def test_rewrites_asked_together_share_the_work(
     await index.close()
 
 
+async def test_a_failed_rewrite_covers_none_of_the_calls_waiting_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls made while a rewrite runs share the next one; if that one fails, the call that
+    ran it fails and the others run one of their own (their deletes are still on disk)."""
+    monkeypatch.setattr(edge_slot, "RETIRE_S", 0.05)
+    root = tmp_path / "ix"
+    index = VectorIndex(root, SMALL)
+    await index.upsert(rows(3, 20, seed=8))
+    needle = stored_bytes(index, "t0", 2)
+    real = asyncio.create_subprocess_exec
+    calls = 0
+
+    async def second_dies(*args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            return await real(args[0], "-c", "import sys; sys.exit(3)", **kw)
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", second_dies)
+    first = asyncio.create_task(index.rewrite())  # copied before the delete below
+    while not index.slot.building:
+        await asyncio.sleep(0.01)
+    await index.delete_threads([("acc", "ag", "t0")])
+    b = asyncio.create_task(index.rewrite())
+    c = asyncio.create_task(index.rewrite())
+    done = await asyncio.gather(first, b, c, return_exceptions=True)
+    assert done[0] is True
+    assert isinstance(done[1], RuntimeError)  # the second rewrite, run for b and c, failed
+    assert done[2] is True and calls == 3  # so c ran its own
+    assert await gone(needle, root)
+    await index.close()
+
+
 async def test_a_failed_rewrite_leaves_the_shard_in_use_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -318,6 +318,44 @@ async def test_purges_asked_at_once_share_the_work(indexed_store: MessageStore) 
     assert await index.count() == 60
 
 
+async def test_a_failed_purge_covers_none_of_the_calls_waiting_for_it(
+    indexed_store: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls made while a purge runs share the next one; if that one fails, the call that
+    ran it fails, and the others run one of their own: their deletes were not purged (they
+    do not return as if they were)."""
+    index = indexed_store.lexical_index()
+    assert index is not None
+    words = [f"zq{uuid.uuid4().hex[:10]}xv" for _ in range(2)]
+    keep = [m(f"k{i % 3}", i, "user", f"walrus {i}") for i in range(30)]
+    gone = [m(f"g{j}", 0, "user", f"secret {w}") for j, w in enumerate(words)]
+    await project(indexed_store, [*keep, *gone])
+    real = index._purge
+    calls = 0
+
+    async def second_fails() -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError("disk full")
+        await asyncio.sleep(0.05)
+        return await real()
+
+    monkeypatch.setattr(index, "_purge", second_fails)
+    first = asyncio.ensure_future(index.purge())
+    await asyncio.sleep(0)  # it has begun: later calls wait for the next one
+    await index.delete_threads(["acc/ag/g0", "acc/ag/g1"])
+    b = asyncio.ensure_future(index.purge())
+    c = asyncio.ensure_future(index.purge())
+    done = await asyncio.gather(first, b, c, return_exceptions=True)
+    assert done[0] == 30  # (it listed the threads after its pause, so after the deletes)
+    assert isinstance(done[1], OSError)  # the second purge, run for b and c, failed
+    assert done[2] == 30  # so c ran its own, not a share of the failed one
+    assert calls == 3
+    for w in words:
+        assert files_holding(w.encode(), index.path) == []
+
+
 async def test_a_purge_asked_while_filling_runs_when_the_fill_ends(
     indexed_store: MessageStore,
 ) -> None:

@@ -126,7 +126,8 @@ class ShardSlot:
         self._write_lock = threading.Lock()  # writes, and a build's copy and switch
         self._during_build: list[Write] | None = None
         self._jobs: asyncio.Lock | None = None  # one build or rewrite at a time
-        self._rewrites_started = 0
+        self._rewrites_started = 0  # rewrites begun, and the ordinal of the last that succeeded
+        self._rewritten_through = 0
         self._retired: list[tuple[EdgeShard, Path]] = []
 
     @property
@@ -249,10 +250,14 @@ class ShardSlot:
         that started after this call was made covers it. False when there is no shard."""
         asked = self._rewrites_started
         async with self._job_lock():
-            if self._rewrites_started > asked:  # began after our caller's deletes
-                return True
+            if self._rewritten_through > asked:  # one began after our caller's deletes, and
+                return True  # succeeded (a failed one covers no one)
             self._rewrites_started += 1
-            return await self._remake(rewrite=True)
+            ordinal = self._rewrites_started
+            done = await self._remake(rewrite=True)
+            if done:
+                self._rewritten_through = ordinal
+            return done
 
     def _job_lock(self) -> asyncio.Lock:
         if self._jobs is None:

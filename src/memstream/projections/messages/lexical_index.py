@@ -426,7 +426,8 @@ class LexicalIndex:
         self._retags: dict[str, tuple[str, str, str, frozenset[str]]] = {}
         self._purge_after_fill = False
         self._purge_lock = asyncio.Lock()
-        self._purges_started = 0
+        self._purges_started = 0  # purges begun, and the ordinal of the last that succeeded
+        self._purged_through = 0
         if fresh:  # not filled yet: the messages already stored come first
             self.mark_filling()
             layout.write_text(f"{LAYOUT}\n")
@@ -708,10 +709,13 @@ class LexicalIndex:
             return 0
         called = self._purges_started
         async with self._purge_lock:  # concurrent erasures share the purges
-            if self._purges_started > called:
-                return 0  # one began after this call, so after its deletes, and has ended
+            if self._purged_through > called:
+                return 0  # one began after this call, so after its deletes, and succeeded
             self._purges_started += 1
-            return await self._purge()
+            ordinal = self._purges_started
+            n = await self._purge()
+            self._purged_through = ordinal  # not reached by a failed purge: it covers no one
+            return n
 
     async def _purge(self) -> int:
         threads = await self._run(self._thread_counts)
