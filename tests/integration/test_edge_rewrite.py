@@ -246,3 +246,24 @@ async def test_the_served_index_rewrites_in_its_child(
         assert (root / CURRENT).read_text() == "g2"
     finally:
         await served.close()
+
+
+async def test_a_rewrite_cut_by_a_crash_leaves_folders_swept_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    """A process killed mid-rewrite leaves its copy (``g2.src``) and the child's half-written
+    shard (``g2``): the next open serves ``g1`` and deletes both (the erasure, still
+    running, is resumed and rewrites again)."""
+    root = tmp_path / "ix"
+    index = VectorIndex(root, SMALL)
+    await index.upsert(rows(2, 10, seed=9))
+    await index.close()
+    for left in ("g2", "g2.src"):
+        (root / left / "segments").mkdir(parents=True)
+        (root / left / "segments" / "junk").write_bytes(b"erased bytes")
+    again = VectorIndex(root, SMALL)
+    assert await again.count() == 20
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["g1"]
+    assert await again.rewrite()
+    assert await again.count() == 20
+    await again.close()
