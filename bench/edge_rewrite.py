@@ -171,6 +171,17 @@ async def memory(args: argparse.Namespace, work: Path) -> Target:
     )
 
 
+async def timed(switch: Callable[[], Awaitable[bool]]) -> tuple[float, str]:
+    """(seconds, the event loop's lateness meanwhile) of a rewrite or build that switches,
+    returned once the replaced folder is gone."""
+    async with loop_lateness() as late:
+        t = time.perf_counter()
+        assert await switch()
+        took = time.perf_counter() - t
+    await asyncio.sleep(edge_slot.RETIRE_S + 0.5)
+    return took, late_summary(late)
+
+
 async def main(args: argparse.Namespace) -> None:
     edge_slot.RETIRE_S = 0.5  # type: ignore[misc]  # 30 s when serving
     work = Path(tempfile.mkdtemp(prefix="edge-rewrite-", dir=args.dir))
@@ -195,28 +206,19 @@ async def main(args: argparse.Namespace) -> None:
     )
 
     # 2. the rewrite
-    async with loop_lateness() as late:
-        t = time.perf_counter()
-        assert await target.rewrite()
-        rewrite_s = time.perf_counter() - t
-    await asyncio.sleep(edge_slot.RETIRE_S + 0.5)
+    rewrite_s, late = await timed(target.rewrite)
     live = await target.count()
     print(
         f"rewrite: {rewrite_s:.2f} s for {live:,} live points ({live / rewrite_s:,.0f}/s); "
         f"files holding the vector after: {holding(needle, root)}; "
-        f"event loop meanwhile: {late_summary(late)}"
+        f"event loop meanwhile: {late}"
     )
 
     # 3. the graph build the index already runs, for comparison
-    async with loop_lateness() as late:
-        t = time.perf_counter()
-        assert await target.build()
-        build_s = time.perf_counter() - t
+    build_s, late = await timed(target.build)
     print(
-        f"graph build (copy + optimize in a child): {build_s:.2f} s; "
-        f"event loop meanwhile: {late_summary(late)}"
+        f"graph build (copy + optimize in a child): {build_s:.2f} s; event loop meanwhile: {late}"
     )
-    await asyncio.sleep(edge_slot.RETIRE_S + 0.5)
 
     # 5. the copy (before the raw run frees the page cache of nothing in particular)
     generation = root / (root / CURRENT).read_text()

@@ -12,42 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from dataclasses import replace
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+import pytest_asyncio
 
 from memstream.projections import edge_slot
 from memstream.projections.edge_slot import CURRENT
-from memstream.projections.messages.vector_index import (
-    TUNING,
-    DenseQuery,
-    VectorIndex,
-    VectorRow,
-    point_id,
-)
+from memstream.projections.messages.vector_index import VectorIndex, point_id
 from memstream.projections.messages.vector_process import VectorIndexProcess
 from tests.fixtures.disk import files_holding
-
-DIMS = 32
-SMALL = replace(TUNING, indexing_threshold_kb=1, full_scan_kb=1, exact_scan_kb=0)
-"""Graphs over a few hundred points, and every query walks them."""
+from tests.integration.test_vector_index_build import SMALL, query, rows
 
 
-def rows(thread_count: int, per_thread: int, seed: int, prefix: str = "t") -> list[VectorRow]:
-    rng = np.random.default_rng(seed)
-    vecs = rng.standard_normal((thread_count * per_thread, DIMS)).astype(np.float32)
-    return [
-        VectorRow("acc", "ag", f"{prefix}{t}", o, vecs[t * per_thread + o])
-        for t in range(thread_count)
-        for o in range(per_thread)
-    ]
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "ix"
 
 
-def query(vector: Any, **kw: Any) -> DenseQuery:
-    return DenseQuery("acc", "ag", [float(x) for x in vector], 10, **kw)
+@pytest_asyncio.fixture
+async def index(root: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[VectorIndex]:
+    """A vector index whose replaced shards are deleted 0.05 s after a switch."""
+    monkeypatch.setattr(edge_slot, "RETIRE_S", 0.05)
+    index = VectorIndex(root, SMALL)
+    yield index
+    await index.close()
 
 
 def stored_bytes(index: VectorIndex, thread: str, offset: int) -> bytes:
@@ -61,6 +52,14 @@ def stored_bytes(index: VectorIndex, thread: str, offset: int) -> bytes:
     return struct.pack("<8f", *dense[:8])
 
 
+async def rewriting(index: VectorIndex) -> asyncio.Task[bool]:
+    """A rewrite, returned once its copy is made and its child runs."""
+    task = asyncio.create_task(index.rewrite())
+    while not index.slot.building:
+        await asyncio.sleep(0.01)
+    return task
+
+
 async def gone(needle: bytes, root: Path) -> bool:
     """Whether no file under ``root`` holds ``needle``, polled up to 5 s (the replaced
     shard's folder is deleted ``RETIRE_S`` after the switch)."""
@@ -72,11 +71,8 @@ async def gone(needle: bytes, root: Path) -> bool:
 
 
 async def test_a_rewrite_takes_erased_vectors_off_the_files_and_keeps_everything_else(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    index: VectorIndex, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(edge_slot, "RETIRE_S", 0.05)
-    root = tmp_path / "ix"
-    index = VectorIndex(root, SMALL)
     first = rows(10, 40, seed=1)
     await index.upsert(first)
     assert await index.build(force=True)  # graphs, as a serving index has them
@@ -110,17 +106,12 @@ async def test_a_rewrite_takes_erased_vectors_off_the_files_and_keeps_everything
 
 
 async def test_writes_made_during_a_rewrite_are_in_the_rewritten_shard(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    index: VectorIndex, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(edge_slot, "RETIRE_S", 0.05)
-    root = tmp_path / "ix"
-    index = VectorIndex(root, SMALL)
     first = rows(6, 50, seed=2)
     await index.upsert(first)
     await index.delete_threads([("acc", "ag", "t0")])
-    task = asyncio.create_task(index.rewrite())
-    while not index.slot.building:  # the copy is made: the child runs
-        await asyncio.sleep(0.01)
+    task = await rewriting(index)  # the copy is made: the child runs
     later = rows(2, 30, seed=3, prefix="new")
     await index.upsert(later)
     erased_meanwhile = stored_bytes(index, "t1", 0)
@@ -135,23 +126,15 @@ async def test_writes_made_during_a_rewrite_are_in_the_rewritten_shard(
     # deleted after the copy was made: in the new shard's WAL, until the next rewrite
     assert await index.rewrite()
     assert await gone(erased_meanwhile, root)
-    await index.close()
 
 
-async def test_rewrites_asked_together_share_the_work(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(edge_slot, "RETIRE_S", 0.05)
-    root = tmp_path / "ix"
-    index = VectorIndex(root, SMALL)
+async def test_rewrites_asked_together_share_the_work(index: VectorIndex, root: Path) -> None:
     await index.upsert(rows(4, 50, seed=4))
     needles = []
     for t in range(3):
         needles.append(stored_bytes(index, f"t{t}", 1))
     await index.delete_threads([("acc", "ag", "t0")])
-    first = asyncio.create_task(index.rewrite())
-    while not index.slot.building:
-        await asyncio.sleep(0.01)
+    first = await rewriting(index)
     # two erasures finish their deletes while the first rewrite runs
     await index.delete_threads([("acc", "ag", "t1")])
     await index.delete_threads([("acc", "ag", "t2")])
@@ -162,22 +145,16 @@ async def test_rewrites_asked_together_share_the_work(
         assert await gone(needle, root)
     assert await index.count() == 50
     # a build asked while a rewrite runs is skipped, as a build beside a build is
-    task = asyncio.create_task(index.rewrite())
-    while not index.slot.building:
-        await asyncio.sleep(0.01)
+    task = await rewriting(index)
     assert not await index.build(force=True)
     assert await task
-    await index.close()
 
 
 async def test_a_failed_rewrite_covers_none_of_the_calls_waiting_for_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    index: VectorIndex, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Calls made while a rewrite runs share the next one; if that one fails, the call that
     ran it fails and the others run one of their own (their deletes are still on disk)."""
-    monkeypatch.setattr(edge_slot, "RETIRE_S", 0.05)
-    root = tmp_path / "ix"
-    index = VectorIndex(root, SMALL)
     await index.upsert(rows(3, 20, seed=8))
     needle = stored_bytes(index, "t0", 2)
     real = asyncio.create_subprocess_exec
@@ -191,9 +168,7 @@ async def test_a_failed_rewrite_covers_none_of_the_calls_waiting_for_it(
         return await real(*args, **kw)
 
     monkeypatch.setattr(asyncio, "create_subprocess_exec", second_dies)
-    first = asyncio.create_task(index.rewrite())  # copied before the delete below
-    while not index.slot.building:
-        await asyncio.sleep(0.01)
+    first = await rewriting(index)  # copied before the delete below
     await index.delete_threads([("acc", "ag", "t0")])
     b = asyncio.create_task(index.rewrite())
     c = asyncio.create_task(index.rewrite())
@@ -202,14 +177,11 @@ async def test_a_failed_rewrite_covers_none_of_the_calls_waiting_for_it(
     assert isinstance(done[1], RuntimeError)  # the second rewrite, run for b and c, failed
     assert done[2] is True and calls == 3  # so c ran its own
     assert await gone(needle, root)
-    await index.close()
 
 
 async def test_a_failed_rewrite_leaves_the_shard_in_use_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    index: VectorIndex, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = tmp_path / "ix"
-    index = VectorIndex(root, SMALL)
     await index.upsert(rows(4, 25, seed=5))
     await index.delete_threads([("acc", "ag", "t0")])
     real = asyncio.create_subprocess_exec
@@ -229,14 +201,10 @@ async def test_a_failed_rewrite_leaves_the_shard_in_use_as_it_was(
     monkeypatch.setattr(asyncio, "create_subprocess_exec", real)
     assert await index.rewrite()
     assert await index.count() == 80
-    await index.close()
 
 
-async def test_the_served_index_rewrites_in_its_child(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_the_served_index_rewrites_in_its_child(root: Path) -> None:
     """``memstream up`` keeps the shard in a child process: the call crosses the pipe."""
-    root = tmp_path / "ix"
     served = VectorIndexProcess(root, SMALL)
     try:
         await served.upsert(rows(3, 20, seed=7))
@@ -249,13 +217,11 @@ async def test_the_served_index_rewrites_in_its_child(
 
 
 async def test_a_rewrite_cut_by_a_crash_leaves_folders_swept_at_the_next_open(
-    tmp_path: Path,
+    index: VectorIndex, root: Path
 ) -> None:
     """A process killed mid-rewrite leaves its copy (``g2.src``) and the child's half-written
     shard (``g2``): the next open serves ``g1`` and deletes both (the erasure, still
     running, is resumed and rewrites again)."""
-    root = tmp_path / "ix"
-    index = VectorIndex(root, SMALL)
     await index.upsert(rows(2, 10, seed=9))
     await index.close()
     for left in ("g2", "g2.src"):

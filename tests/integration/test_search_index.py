@@ -296,16 +296,23 @@ async def test_messages_written_during_a_purge_are_kept_once(
     assert await search(indexed_store, query="secret") == []
 
 
+async def seeded(store: MessageStore, *, kept: int, erased: int) -> tuple[LexicalIndex, list[str]]:
+    """The store's index with ``kept`` messages over threads k0-k2 and one message in each of
+    threads g0.. holding a word of its own (returned, to look for on the disk)."""
+    index = store.lexical_index()
+    assert index is not None
+    words = [f"zq{uuid.uuid4().hex[:10]}xv" for _ in range(erased)]
+    keep = [m(f"k{i % 3}", i, "user", f"walrus {i}") for i in range(kept)]
+    gone = [m(f"g{j}", 0, "user", f"secret {w}") for j, w in enumerate(words)]
+    await project(store, [*keep, *gone])
+    return index, words
+
+
 async def test_purges_asked_at_once_share_the_work(indexed_store: MessageStore) -> None:
     """Erasures finishing together ask for purges together: the first runs, the ones asked
     while it ran share one more (it may have listed the threads before their deletes), and
     every erased word is off the disk."""
-    index = indexed_store.lexical_index()
-    assert index is not None
-    words = [f"zq{uuid.uuid4().hex[:10]}xv" for _ in range(3)]
-    keep = [m(f"k{i % 3}", i, "user", f"walrus {i}") for i in range(60)]
-    gone = [m(f"g{j}", 0, "user", f"secret {w}") for j, w in enumerate(words)]
-    await project(indexed_store, [*keep, *gone])
+    index, words = await seeded(indexed_store, kept=60, erased=3)
     await index.delete_threads(["acc/ag/g0"])
     first = asyncio.ensure_future(index.purge())
     await asyncio.sleep(0)  # it has begun
@@ -324,12 +331,7 @@ async def test_a_failed_purge_covers_none_of_the_calls_waiting_for_it(
     """Calls made while a purge runs share the next one; if that one fails, the call that
     ran it fails, and the others run one of their own: their deletes were not purged (they
     do not return as if they were)."""
-    index = indexed_store.lexical_index()
-    assert index is not None
-    words = [f"zq{uuid.uuid4().hex[:10]}xv" for _ in range(2)]
-    keep = [m(f"k{i % 3}", i, "user", f"walrus {i}") for i in range(30)]
-    gone = [m(f"g{j}", 0, "user", f"secret {w}") for j, w in enumerate(words)]
-    await project(indexed_store, [*keep, *gone])
+    index, words = await seeded(indexed_store, kept=30, erased=2)
     real = index._purge
     calls = 0
 
