@@ -1,4 +1,4 @@
-"""The journal step of an erasure: the sequence-log scan, with and without the block filter.
+"""The journal step of an erasure: finding the blocks of the erased threads in the log.
 
 Run: ``python bench/erasure_scan.py [--threads 1000] [--messages 100] [--erase 5]``.
 
@@ -8,10 +8,13 @@ group commits mix threads in a block as a busy deployment does). The scan that e
 (``infra/journal/erase.py``) is timed for ``--erase`` threads, read-only (nothing is
 written, so both variants see the same log), in the same process, alternating:
 
-- ``decode every block``: what erasure did before (each envelope of each block parsed);
-- ``filter, then decode``: a block is parsed only if its raw bytes name an erased thread.
+- ``decode every block``: what erasure did first (each envelope of each block parsed);
+- ``filter, then decode``: the whole log read, a block parsed only if its raw bytes name an
+  erased thread (what erasure did before the blocks were located);
+- ``located``: the threads' message records (which carry their seq) and event-index keys
+  read, then only the blocks holding those seqs (what erasure does now).
 
-It prints both times, the ratio, and checks both found the same envelopes.
+It prints the times, the ratios, and checks all three found the same envelopes.
 """
 
 from __future__ import annotations
@@ -24,14 +27,28 @@ import time
 from pathlib import Path
 
 from memstream.infra.journal import Journal, keys, local_store
-from memstream.infra.journal.erase import _scan, redact_block, thread_filter
+from memstream.infra.journal.erase import (
+    _blocks_holding,
+    _locate,
+    _scan,
+    redact_block,
+    thread_filter,
+)
 from memstream.schemas.records import NewMessage, ThreadRef
 
 
-async def scan(journal: Journal, erased: set[tuple[str, str, str]], filtered: bool) -> int:
-    candidates = thread_filter(erased) if filtered else None
+async def scan(journal: Journal, erased: set[tuple[str, str, str]], how: str) -> int:
+    db = journal._db  # noqa: SLF001 - a bench of the step
+    candidates = thread_filter(erased) if how != "decode every block" else None
+    if how == "located":
+        refs = [ThreadRef(*t) for t in sorted(erased)]
+        located = await _locate(db, refs)
+        assert not located.unknown
+        blocks = _blocks_holding(db, located.seqs, below=journal._events_indexed_from or 1)
+    else:
+        blocks = _scan(db, keys.SEQUENCE)
     hits = 0
-    async for kv in _scan(journal._db, keys.SEQUENCE):  # noqa: SLF001 - a bench of the step
+    async for kv in blocks:
         out = redact_block(kv.value, erased, candidates)
         if out is not None:
             hits += out[1]
@@ -57,18 +74,24 @@ async def main(args: argparse.Namespace) -> None:
             total = await journal.last_seq()
             erased = {(r.account_id, r.agent_id, r.thread_id) for r in refs[: args.erase]}
             print(f"journal: {total} envelopes, {args.threads} threads; erasing {args.erase}")
-            times: dict[bool, list[float]] = {False: [], True: []}
-            found: dict[bool, int] = {}
+            ways = ["decode every block", "filter, then decode", "located"]
+            times: dict[str, list[float]] = {w: [] for w in ways}
+            found: dict[str, int] = {}
             for r in range(args.rounds):
-                for filtered in (False, True) if r % 2 == 0 else (True, False):
+                for how in ways[r % 3 :] + ways[: r % 3]:  # rotating order
                     t0 = time.perf_counter()
-                    found[filtered] = await scan(journal, erased, filtered)
-                    times[filtered].append(time.perf_counter() - t0)
-            assert found[True] == found[False] >= args.erase * args.messages, found
-            slow, fast = statistics.median(times[False]), statistics.median(times[True])
-            print(f"decode every block: {slow:.2f} s (median of {args.rounds})")
-            print(f"filter, then decode: {fast:.2f} s -> {slow / fast:.2f}x faster")
-            print(f"envelopes found (both): {found[True]}")
+                    found[how] = await scan(journal, erased, how)
+                    times[how].append(time.perf_counter() - t0)
+            assert len(set(found.values())) == 1, found
+            assert found["located"] >= args.erase * args.messages, found
+            base = statistics.median(times[ways[0]])
+            for how in ways:
+                took = statistics.median(times[how])
+                print(f"{how:20s} {took:8.4f} s (median of {args.rounds}) {base / took:8.1f}x")
+            filtered = statistics.median(times[ways[1]])
+            located = statistics.median(times["located"])
+            print(f"located / filter, then decode: {filtered / located:.1f}x faster")
+            print(f"envelopes found (all three): {found['located']}")
         finally:
             await journal.close()
 

@@ -49,6 +49,15 @@ def test_a_thread_prefix_never_matches_another_thread(
         assert not keys.message_key(r2, off).startswith(keys.thread_prefix(r1))
 
 
+@given(refs, refs, u64s)
+def test_thread_event_keys_round_trip_and_stay_in_their_thread(
+    r1: ThreadRef, r2: ThreadRef, seq: int
+) -> None:
+    assert keys.decode_thread_event_key(keys.thread_event_key(r1, seq)) == (r1, seq)
+    if r1 != r2:
+        assert not keys.thread_event_key(r2, seq).startswith(keys.thread_events_prefix(r1))
+
+
 @given(refs, refs)
 def test_thread_prefixes_sort_like_the_id_tuples(r1: ThreadRef, r2: ThreadRef) -> None:
     t1 = (r1.account_id, r1.agent_id, r1.thread_id)
@@ -91,9 +100,11 @@ def test_keyspaces_do_not_overlap() -> None:
         keys.message_key(ref, 0)[:1],
         keys.seq_key(1)[:1],
         keys.tool_call_key("a", "b", "c", "t")[:1],
+        keys.thread_event_key(ref, 1)[:1],
         keys.RELAY_WATERMARK[:1],
     }
-    assert len(tags) == 4
+    assert len(tags) == 5
+    assert keys.EVENTS_INDEXED_FROM[:1] == keys.RELAY_WATERMARK[:1]
 
 
 def test_out_of_range_offsets_name_the_field() -> None:

@@ -113,3 +113,17 @@ def decode_seq_block(raw: bytes) -> list[bytes]:
         out.append(raw[pos : pos + n])
         pos += n
     return out
+
+
+def seq_block_len(raw: bytes) -> int:
+    """How many envelopes (seqs) a block holds, without copying them."""
+    count = pos = 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise ValueError("truncated sequence block")
+        (n,) = _LEN.unpack_from(raw, pos)
+        pos += 4 + n
+        count += 1
+    if pos != len(raw):
+        raise ValueError("truncated sequence block")
+    return count

@@ -11,7 +11,13 @@ unsigned 64-bit big-endian)::
     t | account | agent | tool_call_id | thread -> one ToolCallRecord (ids are only unique
                                                     within a thread; a prefix scan without
                                                     the thread finds every thread's record)
-    w | name                                     -> journal metadata (relay watermark)
+    e | account | agent | thread | seq:u64      -> empty: a ``thread.*`` event of the thread
+                                                    is at ``seq`` in the sequence log (its
+                                                    messages carry their own seq), so an
+                                                    erasure finds the thread's blocks without
+                                                    reading the whole log
+    w | name                                     -> journal metadata (relay watermark, the
+                                                    seq thread events are indexed from)
 
 Guarantees (tested with hypothesis):
 
@@ -33,6 +39,7 @@ from memstream.schemas.records import ThreadRef
 MESSAGES: Final = b"m"
 SEQUENCE: Final = b"s"
 TOOL_CALLS: Final = b"t"
+THREAD_EVENTS: Final = b"e"
 META: Final = b"w"
 
 U64_MAX: Final = 2**64 - 1
@@ -107,6 +114,27 @@ def decode_seq_key(key: bytes) -> int:
     return read_u64(key[1:])
 
 
+# --- thread events -----------------------------------------------------------------------------
+def thread_events_prefix(ref: ThreadRef) -> bytes:
+    """The prefix of every event-index key of one thread."""
+    return THREAD_EVENTS + _str(ref.account_id) + _str(ref.agent_id) + _str(ref.thread_id)
+
+
+def thread_event_key(ref: ThreadRef, seq: int) -> bytes:
+    return thread_events_prefix(ref) + u64(seq, field="seq")
+
+
+def decode_thread_event_key(key: bytes) -> tuple[ThreadRef, int]:
+    if not key.startswith(THREAD_EVENTS):
+        raise ValueError("not a thread-event key")
+    account, pos = _read_str(key, 1)
+    agent, pos = _read_str(key, pos)
+    thread, pos = _read_str(key, pos)
+    if len(key) - pos != 8:
+        raise ValueError("bad seq suffix")
+    return ThreadRef(account, agent, thread), read_u64(key[pos:])
+
+
 # --- tool calls --------------------------------------------------------------------------------
 def tool_call_prefix(account_id: str, agent_id: str, tool_call_id: str) -> bytes:
     """The prefix of every thread's record of one tool-call id."""
@@ -140,6 +168,9 @@ def decode_tool_call_key(key: bytes) -> tuple[str, str, str, str | None]:
 
 # --- metadata --------------------------------------------------------------------------------
 RELAY_WATERMARK: Final = META + _str("relay_watermark")
+EVENTS_INDEXED_FROM: Final = META + _str("events_indexed_from")
+"""The first seq whose ``thread.*`` events have ``e`` keys (a journal written before the
+index existed has none for the events below it)."""
 
 
 # --- message ids -----------------------------------------------------------------------------

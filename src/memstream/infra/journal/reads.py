@@ -56,6 +56,7 @@ _ASC = _scan_options(IterationOrder.ASCENDING)
 ASCENDING = _ASC
 ALL_KEYS = _ALL
 _DESC = _scan_options(IterationOrder.DESCENDING, read_ahead=16 * 1024)
+DESCENDING = _DESC
 
 
 class SlateReadable(Protocol):
@@ -217,6 +218,12 @@ class JournalReads:
         if not rows:
             return 0
         return keys.decode_seq_key(rows[0].key) + len(decode_seq_block(rows[0].value)) - 1
+
+    async def events_indexed_from(self) -> int | None:
+        """The first seq whose thread events are indexed (``keys.THREAD_EVENTS``); None for
+        a journal opened by no release that indexes them."""
+        raw = await self._get(keys.EVENTS_INDEXED_FROM, "reading the journal's metadata")
+        return None if raw is None else keys.read_u64(raw)
 
     async def relay_watermark(self) -> int:
         """The highest seq the relay recorded as published (0 if none)."""

@@ -226,6 +226,7 @@ class Journal(JournalReads):
         last_seq: int,
         watermark: int,
         offset_cache_size: int,
+        events_indexed_from: int | None = None,
         metrics: Metrics | None = None,
         admin: Admin | None = None,
     ) -> None:
@@ -239,6 +240,7 @@ class Journal(JournalReads):
         self._eager_flush = eager_flush
         self._seq = last_seq
         self._watermark = watermark
+        self._events_indexed_from = events_indexed_from
         self._offsets: OrderedDict[ThreadRef, int] = OrderedDict()
         self._offset_cache_size = offset_cache_size
         self._refs: dict[ThreadRef, tuple[bytes, bytes]] = {}
@@ -288,6 +290,17 @@ class Journal(JournalReads):
         probe = _Probe(db)
         last_seq = await probe.last_seq()
         watermark = await probe.relay_watermark()
+        indexed_from = await probe.events_indexed_from()
+        if indexed_from is None:  # new, or written before thread events were indexed
+            indexed_from = last_seq + 1
+            marker = WriteBatch()
+            marker.put(keys.EVENTS_INDEXED_FROM, keys.u64(indexed_from))
+            try:
+                handle = await db.write(marker)
+                await db.flush_with_options(_WAL_FLUSH)
+                await handle.await_durable()
+            except SLATE_FAILURES as e:
+                raise translate(e, f"opening the journal at {path!r}") from e
         log.info("journal opened at %r: last seq %d, relay watermark %d", path, last_seq, watermark)
         return cls(
             db,
@@ -297,6 +310,7 @@ class Journal(JournalReads):
             eager_flush=eager_flush,
             last_seq=last_seq,
             watermark=watermark,
+            events_indexed_from=indexed_from,
             offset_cache_size=offset_cache_size,
             metrics=metrics,
             admin=AdminBuilder(path, object_store).build(),
@@ -390,7 +404,12 @@ class Journal(JournalReads):
         self._check_open()
         async with self._erase_lock:
             try:
-                return await erase_threads(self._wdb, refs, self._make_durable)
+                return await erase_threads(
+                    self._wdb,
+                    refs,
+                    self._make_durable,
+                    events_indexed_from=self._events_indexed_from,
+                )
             except SLATE_FAILURES as e:
                 err = translate(e, "erasing threads")
                 self._on_failure(err)
@@ -638,6 +657,11 @@ class Journal(JournalReads):
                 st.seq += 1
                 block.append(encode(req.env))
                 req.result = st.seq
+                env = req.env
+                if env.thread_id is not None:  # where erasure finds it (keys.THREAD_EVENTS)
+                    ref = ThreadRef(env.account_id, env.agent_id, env.thread_id)
+                    wb.put(keys.thread_event_key(ref, st.seq), b"")
+                    st.puts += 1
             elif req.watermark > st.watermark:
                 st.watermark = req.watermark
                 wb.put(keys.RELAY_WATERMARK, keys.u64(st.watermark))
