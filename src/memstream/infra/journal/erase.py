@@ -22,9 +22,8 @@ if its raw bytes name an erased thread, :func:`thread_filter`): the part of a jo
 before events were indexed (``keys.EVENTS_INDEXED_FROM``: its blocks are all read), and a
 message stored without its seq (an early release) or more seqs to find than
 :data:`LOCATE_MAX_SHARE` of the log (a lookup each would cost more), which make the call read
-it all. The
-blocks are rewritten, durably, before the keys that locate them are deleted, so a run cut
-in between is finished by the next one.
+it all. The blocks are rewritten, durably, before the keys that locate them are deleted, so
+a run cut in between is finished by the next one.
 """
 
 from __future__ import annotations
