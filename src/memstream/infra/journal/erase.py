@@ -164,15 +164,13 @@ async def erase_threads(
         return out
     erased = {(r.account_id, r.agent_id, r.thread_id) for r in refs}
     writes = _Writes(make_durable)
-    located = await _locate(db, refs)
+    most = int(LOCATE_MAX_SHARE * await _last_seq(db)) if events_indexed_from else 0
+    located = await _locate(db, refs, most)
     candidates = thread_filter(erased)
-    if (
-        events_indexed_from is None
-        or located.unknown
-        or len(located.seqs) > LOCATE_MAX_SHARE * await _last_seq(db)
-    ):
+    if located.unknown or located.too_many:
         blocks = _scan(db, keys.SEQUENCE)
     else:
+        assert events_indexed_from is not None  # else nothing is located (most == 0)
         blocks = _blocks_holding(db, located.seqs, below=events_indexed_from)
     async for kv in blocks:
         redacted = redact_block(kv.value, erased, candidates)
@@ -203,21 +201,29 @@ class _Located:
     events: list[bytes] = field(default_factory=list)
     seqs: set[int] = field(default_factory=set)
     unknown: bool = False  # a message stored without its seq
+    too_many: bool = False  # more seqs than a lookup each is worth (then not all are here)
 
 
-async def _locate(db: Db, refs: Sequence[ThreadRef]) -> _Located:
-    found = _Located()
+async def _locate(db: Db, refs: Sequence[ThreadRef], most: int) -> _Located:
+    """The keys to delete, and the seqs they name until there are more than ``most`` (past
+    that the log is read anyway, so the records are not parsed for it)."""
+    found = _Located(too_many=most <= 0)
     for ref in refs:
         async for kv in _scan(db, keys.thread_prefix(ref)):
             found.messages.append(kv.key)
+            if found.too_many or found.unknown:
+                continue
             seq = orjson.loads(kv.value).get("seq")
             if type(seq) is int and seq > 0:
                 found.seqs.add(seq)
+                found.too_many = len(found.seqs) > most
             else:
                 found.unknown = True
         async for kv in _scan(db, keys.thread_events_prefix(ref)):
             found.events.append(kv.key)
-            found.seqs.add(keys.decode_thread_event_key(kv.key)[1])
+            if not found.too_many:
+                found.seqs.add(keys.decode_thread_event_key(kv.key)[1])
+                found.too_many = len(found.seqs) > most
     return found
 
 
