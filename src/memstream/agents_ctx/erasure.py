@@ -95,12 +95,14 @@ class Erasure:
     user_id: str | None
     status: str
     stores: dict[str, int]
+    step: str | None = None
 
     def to_dict(self) -> JSONObject:
         return {
             "erasure_id": self.erasure_id,
             "kind": self.kind,
             "status": self.status,
+            "step": self.step,
             "stores": dict(self.stores),
         }
 
@@ -116,6 +118,7 @@ def _erasure(row: Mapping[str, object]) -> Erasure:
         user_id=None if row["user_id"] is None else str(row["user_id"]),
         status=str(row["status"]),
         stores={str(k): int(v) for k, v in stores.items()} if isinstance(stores, dict) else {},
+        step=None if row.get("step") is None else str(row["step"]),
     )
 
 
@@ -250,17 +253,18 @@ class Erasures:
         # from an index and stopped before purging it, and a delete found nothing this time
         resumed = bool(e.stores)
         try:
-            async with self._step("register"):
+            async with self._step(e, "register"):
                 refs = await self._register(e)
             if e.kind == "user" and e.user_id is not None:
-                async with self._step("entries"):
+                async with self._step(e, "entries"):
                     await self._erase_entries(e, e.user_id, resumed=resumed)
-            async with self._step("keys"):
+            async with self._step(e, "keys"):
                 await self._shred(e, refs)
-            async with self._step("threads"):
+            async with self._step(e, "threads"):
                 await self._erase_threads(e, refs, resumed=resumed)
             await self._pool.execute(
-                "UPDATE erasures SET status = 'done', finished_at = now() WHERE erasure_id = $1",
+                "UPDATE erasures SET status = 'done', step = NULL, finished_at = now() "
+                "WHERE erasure_id = $1",
                 erasure_id,
             )
         except Exception:
@@ -270,8 +274,10 @@ class Erasures:
         return await self.get(e.account_id, erasure_id)
 
     @contextlib.asynccontextmanager
-    async def _step(self, name: str) -> AsyncIterator[None]:
-        """Time one step into ``memstream_erasure_step_seconds`` (when metrics are wired)."""
+    async def _step(self, e: Erasure, name: str) -> AsyncIterator[None]:
+        """One step: shown as the erasure's ``step`` and timed into
+        ``memstream_erasure_step_seconds`` (when metrics are wired)."""
+        await self._doing(e, name)
         start = time.perf_counter()
         try:
             yield
@@ -280,6 +286,14 @@ class Erasures:
                 self._svc.metrics.erasure_step_latency.labels(name).observe(
                     time.perf_counter() - start
                 )
+
+    async def _doing(self, e: Erasure, step: str) -> None:
+        """What the erasure does now (``GET /v1/erasures/{id}``'s ``step``): a step, or a
+        long part of one (an index rewritten). Left as it is when a run fails: where it
+        stopped."""
+        await self._pool.execute(
+            "UPDATE erasures SET step = $2 WHERE erasure_id = $1", e.erasure_id, step
+        )
 
     def _outcome(self, kind: str, outcome: str) -> None:
         if self._svc.metrics is not None:
@@ -402,6 +416,7 @@ class Erasures:
             counts.update(qdrant=points, embedding_cache=cached)
         # a delete marks the points: the collection is rewritten without them
         if index is not None and (last or resumed):
+            await self._doing(e, "entries: rewriting the memory index")
             await index.purge(e.account_id)
         await self._count(e.erasure_id, counts)
 
@@ -423,6 +438,7 @@ class Erasures:
         journal = self._svc.journal
         if journal is None:
             raise InfraError("the journal writer is not in this process; erasure cannot run here")
+        await self._doing(e, "threads: journal")
         erased = await journal.erase_threads(refs)
         await journal.drop_erased_copies()  # the WAL files that held them
         await self._count(
@@ -435,6 +451,7 @@ class Erasures:
         )
         summaries = self._svc.summary_store
         if summaries is not None:
+            await self._doing(e, "threads: summaries")
             done, shown = 0, time.monotonic()
             for ref in refs:  # progress recorded every PROGRESS_EVERY_S, not per thread
                 done += await summaries.erase_objects(ref)
@@ -446,6 +463,7 @@ class Erasures:
             if refs:  # the deleted keys' writes stay in Valkey's AOF until it is rewritten
                 await summaries.rewrite_log()
         if self._svc.message_store is not None:  # all threads in one mutation per table
+            await self._doing(e, "threads: transcript (ClickHouse, then its indexes rewritten)")
             rows = await self._svc.message_store.erase_threads(
                 [(r.account_id, r.agent_id, r.thread_id) for r in refs], purge=resumed
             )

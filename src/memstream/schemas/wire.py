@@ -346,4 +346,10 @@ class Erasure(BaseModel):
     erasure_id: str
     kind: Literal["thread", "user"]
     status: Literal["running", "done"]
+    step: str | None = Field(
+        None,
+        description="while running, what the erasure is doing (a step, or a long part of "
+        "one, such as an index being rewritten); after a failed run, where it stopped; "
+        "null once done",
+    )
     stores: dict[str, int] = Field(description="what each store removed so far")

@@ -4,7 +4,8 @@
 - ``POST /v1/users/{user_id}/erase`` (admin key: every agent of the account) → 202
   ``{"erasure_id"}``
 - ``GET  /v1/erasures/{erasure_id}`` → ``{"erasure_id", "kind", "status": "running" |
-  "done", "stores": {name: count}}``
+  "done", "step", "stores": {name: count}}`` (``step``: what it is doing, or where a failed
+  run stopped; null once done)
 
 A second POST while an erasure of the same target runs answers the same ``erasure_id``.
 """

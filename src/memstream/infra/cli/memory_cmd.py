@@ -221,8 +221,11 @@ async def _follow(c: MemstreamClient, erasure_id: str, timeout_s: float) -> dict
             doc = await c.erasure(erasure_id)
             stores = doc.get("stores") or {}
             assert isinstance(stores, dict)
+            step = doc.get("step")
             status.update(
-                f"erasing ({erasure_id}): "
+                f"erasing ({erasure_id})"
+                + (f" [{step}]" if step else "")
+                + ": "
                 + ", ".join(f"{k} {v}" for k, v in sorted(stores.items()) if v)
             )
             if doc["status"] == "done" or time.monotonic() > deadline:
@@ -238,7 +241,8 @@ def _report(doc: object) -> None:
     for name, count in sorted(stores.items()):
         table.add_row(str(name), str(count))
     out.print(table)
-    out.print(f"erasure {doc['erasure_id']}: {doc['status']}")
+    stopped = f" (at: {doc['step']})" if doc.get("step") and doc["status"] != "done" else ""
+    out.print(f"erasure {doc['erasure_id']}: {doc['status']}{stopped}")
     if doc["status"] != "done":
         raise typer.Exit(1)
 
