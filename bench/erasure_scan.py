@@ -42,7 +42,8 @@ async def scan(journal: Journal, erased: set[tuple[str, str, str]], how: str) ->
     candidates = thread_filter(erased) if how != "decode every block" else None
     if how == "located":
         refs = [ThreadRef(*t) for t in sorted(erased)]
-        located = await _locate(db, refs, most=2**62)  # always located, whatever the share
+        # always located, whatever the share
+        located = await _locate(db, refs, most=2**62, below=journal._events_indexed_from or 1)
         assert not located.unknown and not located.too_many
         blocks = _blocks_holding(db, located.seqs, below=journal._events_indexed_from or 1)
     else:

@@ -112,8 +112,8 @@ def redact_block(
     return (encode_seq_block(out), hits) if hits else None
 
 
-async def _scan(db: Db, prefix: bytes) -> AsyncIterator[KeyValue]:
-    it = await db.scan_prefix_with_options(prefix, ALL_KEYS, ASCENDING)
+async def _scan(db: Db, prefix: bytes, subrange: KeyRange = ALL_KEYS) -> AsyncIterator[KeyValue]:
+    it = await db.scan_prefix_with_options(prefix, subrange, ASCENDING)
     while True:
         batch = await it.next_batch(WRITE_EVERY)
         for kv in batch:
@@ -165,7 +165,7 @@ async def erase_threads(
     erased = {(r.account_id, r.agent_id, r.thread_id) for r in refs}
     writes = _Writes(make_durable)
     most = int(LOCATE_MAX_SHARE * await _last_seq(db)) if events_indexed_from else 0
-    located = await _locate(db, refs, most)
+    located = await _locate(db, refs, most, below=events_indexed_from or 0)
     candidates = thread_filter(erased)
     if located.unknown or located.too_many:
         blocks = _scan(db, keys.SEQUENCE)
@@ -204,10 +204,17 @@ class _Located:
     too_many: bool = False  # more seqs than a lookup each is worth (then not all are here)
 
 
-async def _locate(db: Db, refs: Sequence[ThreadRef], most: int) -> _Located:
-    """The keys to delete, and the seqs they name until there are more than ``most`` (past
-    that the log is read anyway, so the records are not parsed for it)."""
+async def _locate(db: Db, refs: Sequence[ThreadRef], most: int, *, below: int) -> _Located:
+    """The keys to delete, and the seqs at or past ``below`` they name (the blocks below are
+    read whole anyway) until there are more than ``most`` (past that the log is read, so the
+    records are not parsed for it)."""
     found = _Located(too_many=most <= 0)
+
+    def add(seq: int) -> None:
+        if seq >= below:
+            found.seqs.add(seq)
+            found.too_many = len(found.seqs) > most
+
     for ref in refs:
         async for kv in _scan(db, keys.thread_prefix(ref)):
             found.messages.append(kv.key)
@@ -215,15 +222,13 @@ async def _locate(db: Db, refs: Sequence[ThreadRef], most: int) -> _Located:
                 continue
             seq = orjson.loads(kv.value).get("seq")
             if type(seq) is int and seq > 0:
-                found.seqs.add(seq)
-                found.too_many = len(found.seqs) > most
+                add(seq)
             else:
                 found.unknown = True
         async for kv in _scan(db, keys.thread_events_prefix(ref)):
             found.events.append(kv.key)
             if not found.too_many:
-                found.seqs.add(keys.decode_thread_event_key(kv.key)[1])
-                found.too_many = len(found.seqs) > most
+                add(keys.decode_thread_event_key(kv.key)[1])
     return found
 
 
@@ -241,13 +246,8 @@ async def _blocks_holding(db: Db, seqs: set[int], *, below: int) -> AsyncIterato
     block holding each of ``seqs`` at or past it, each once, in seq order."""
     legacy = KeyRange(start=None, start_inclusive=False, end=keys.u64(below), end_inclusive=False)
     if below > 1:
-        it = await db.scan_prefix_with_options(keys.SEQUENCE, legacy, ASCENDING)
-        while True:
-            batch = await it.next_batch(WRITE_EVERY)
-            for kv in batch:
-                yield kv
-            if len(batch) < WRITE_EVERY:
-                break
+        async for kv in _scan(db, keys.SEQUENCE, legacy):
+            yield kv
     covered = below - 1  # the last seq of the blocks yielded so far
     for seq in sorted(s for s in seqs if s >= below):
         if seq <= covered:

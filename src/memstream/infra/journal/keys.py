@@ -93,13 +93,18 @@ def message_key(ref: ThreadRef, offset: int) -> bytes:
 
 
 def decode_message_key(key: bytes) -> tuple[ThreadRef, int]:
-    if not key.startswith(MESSAGES):
-        raise ValueError("not a message key")
+    return _decode_thread_u64(key, MESSAGES, "message key", "offset")
+
+
+def _decode_thread_u64(key: bytes, tag: bytes, what: str, number: str) -> tuple[ThreadRef, int]:
+    """(thread, number) of a ``tag | account | agent | thread | number:u64`` key."""
+    if not key.startswith(tag):
+        raise ValueError(f"not a {what}")
     account, pos = _read_str(key, 1)
     agent, pos = _read_str(key, pos)
     thread, pos = _read_str(key, pos)
     if len(key) - pos != 8:
-        raise ValueError("bad offset suffix")
+        raise ValueError(f"bad {number} suffix")
     return ThreadRef(account, agent, thread), read_u64(key[pos:])
 
 
@@ -125,14 +130,7 @@ def thread_event_key(ref: ThreadRef, seq: int) -> bytes:
 
 
 def decode_thread_event_key(key: bytes) -> tuple[ThreadRef, int]:
-    if not key.startswith(THREAD_EVENTS):
-        raise ValueError("not a thread-event key")
-    account, pos = _read_str(key, 1)
-    agent, pos = _read_str(key, pos)
-    thread, pos = _read_str(key, pos)
-    if len(key) - pos != 8:
-        raise ValueError("bad seq suffix")
-    return ThreadRef(account, agent, thread), read_u64(key[pos:])
+    return _decode_thread_u64(key, THREAD_EVENTS, "thread-event key", "seq")
 
 
 # --- tool calls --------------------------------------------------------------------------------
