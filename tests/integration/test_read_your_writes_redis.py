@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -166,6 +167,26 @@ async def test_marks_expire_when_idle(redis_client: aioredis.Redis) -> None:
     await store.record("messages", {THREAD: 3})
     ttl = await redis_client.ttl(position_key("messages", THREAD))
     assert 0 < ttl <= 60
+
+
+async def test_a_busy_key_s_expiry_is_pushed_back_at_most_once_per_refresh(
+    redis_client: aioredis.Redis,
+) -> None:
+    """One command per key a batch, not two: the ``EXPIRE`` goes with a key's first mark
+    and then once per ``refresh_s``; a key that lost its expiry (Valkey wiped and the mark
+    written again) gets it back at the next refresh."""
+    store = RedisPositions(redis_client, ttl_s=60, refresh_s=0.3)
+    thread = f"{THREAD}-busy-{uuid.uuid4().hex[:8]}"
+    key = position_key("messages", thread)
+    await store.record("messages", {thread: 1})
+    assert 0 < await redis_client.ttl(key) <= 60
+    await redis_client.persist(key)  # as if Valkey had lost the key and the mark came back
+    await store.record("messages", {thread: 2})
+    assert await redis_client.ttl(key) == -1  # within the refresh: no EXPIRE sent
+    assert await store.get("messages", thread) == 2  # the mark itself always moves
+    await asyncio.sleep(0.35)
+    await store.record("messages", {thread: 3})
+    assert 0 < await redis_client.ttl(key) <= 60
 
 
 async def test_recall_after_answers_from_a_mark_only_redis_holds(
