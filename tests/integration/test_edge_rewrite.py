@@ -140,7 +140,7 @@ async def test_rewrites_asked_together_share_the_work(index: VectorIndex, root: 
     await index.delete_threads([("acc", "ag", "t2")])
     results = await asyncio.gather(first, index.rewrite(), index.rewrite())
     assert list(results) == [True, True, True]
-    assert index.slot._rewrites_started == 2  # the last two shared one rewrite
+    assert index.slot._rewrites.started == 2  # the last two shared one rewrite
     for needle in needles:
         assert await gone(needle, root)
     assert await index.count() == 50

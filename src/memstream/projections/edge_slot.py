@@ -65,6 +65,7 @@ from qdrant_edge import (
 
 from memstream.infra.sparse_copy import copy_tree
 from memstream.projections.memory_index.tuning import IndexTuning
+from memstream.projections.shared_runs import SharedRuns
 
 CURRENT: Final = "CURRENT"
 """The file naming the shard folder in use."""
@@ -125,9 +126,7 @@ class ShardSlot:
         self._lock = threading.Lock()  # loading, creating and switching the shard
         self._write_lock = threading.Lock()  # writes, and a build's copy and switch
         self._during_build: list[Write] | None = None
-        self._jobs: asyncio.Lock | None = None  # one build or rewrite at a time
-        self._rewrites_started = 0  # rewrites begun, and the ordinal of the last that succeeded
-        self._rewritten_through = 0
+        self._rewrites: SharedRuns[bool] = SharedRuns()  # its lock: one build or rewrite
         self._retired: list[tuple[EdgeShard, Path]] = []
 
     @property
@@ -235,7 +234,7 @@ class ShardSlot:
     async def build(self) -> bool:
         """Build the graphs in a child process and switch to the result (module docstring).
         False when there is no shard or a build or rewrite is already running."""
-        jobs = self._job_lock()
+        jobs = self._rewrites.lock  # builds and rewrites take turns
         if jobs.locked():
             return False
         async with jobs:
@@ -247,22 +246,13 @@ class ShardSlot:
         in the WAL until then), with graphs built, in a child process, and switch to it;
         searches and writes go on meanwhile (module docstring). The replaced folder is
         deleted :data:`RETIRE_S` later. Waits for a build or rewrite already running; one
-        that started after this call was made covers it. False when there is no shard."""
-        asked = self._rewrites_started
-        async with self._job_lock():
-            if self._rewritten_through > asked:  # one began after our caller's deletes, and
-                return True  # succeeded (a failed one covers no one)
-            self._rewrites_started += 1
-            ordinal = self._rewrites_started
-            done = await self._remake(rewrite=True)
-            if done:
-                self._rewritten_through = ordinal
-            return done
-
-    def _job_lock(self) -> asyncio.Lock:
-        if self._jobs is None:
-            self._jobs = asyncio.Lock()
-        return self._jobs
+        that started after this call was made and succeeded covers it
+        (:class:`~memstream.projections.shared_runs.SharedRuns`). False when there is no
+        shard."""
+        if await asyncio.to_thread(self.get) is None:
+            return False
+        done = await self._rewrites.run(lambda: self._remake(rewrite=True))
+        return True if done is None else done
 
     async def _remake(self, *, rewrite: bool) -> bool:
         copied = await asyncio.to_thread(self._copy_for_build, rewrite)

@@ -72,6 +72,7 @@ import pyarrow as pa
 from memstream.projections.analyzer import stem
 from memstream.projections.messages.fusion import idf
 from memstream.projections.messages.text_table import text_key
+from memstream.projections.shared_runs import SharedRuns
 from memstream.schemas.records import ThreadRef
 
 T = TypeVar("T")
@@ -425,9 +426,7 @@ class LexicalIndex:
         # thread key -> (account, agent, thread, users): retags asked while filling
         self._retags: dict[str, tuple[str, str, str, frozenset[str]]] = {}
         self._purge_after_fill = False
-        self._purge_lock = asyncio.Lock()
-        self._purges_started = 0  # purges begun, and the ordinal of the last that succeeded
-        self._purged_through = 0
+        self._purges: SharedRuns[int] = SharedRuns()
         if fresh:  # not filled yet: the messages already stored come first
             self.mark_filling()
             layout.write_text(f"{LAYOUT}\n")
@@ -699,23 +698,16 @@ class LexicalIndex:
         time on the writer's thread (each step committed: the projector's writes wait at
         most one step, and searches read the same documents before and after it), so every
         segment older than the purge ends wholly deleted and is dropped at a commit; then
-        their files are collected, as soon as no merge in flight reads them. A document added during
-        the purge is rewritten or left in a new segment, never lost. While the index is
-        filling, the fill's end runs it. Calls made while one runs share the next one (a
-        purge that began after a call covers its deletes). Returns the documents rewritten
-        (0 for a call another purge served)."""
+        their files are collected, as soon as no merge in flight reads them. A document
+        added during the purge is rewritten or left in a new segment, never lost. While the
+        index is filling, the fill's end runs it. Calls made while one runs share the next
+        one (:class:`~memstream.projections.shared_runs.SharedRuns`: a purge that began
+        after a call and succeeded covers its deletes). Returns the documents rewritten (0
+        for a call another purge served)."""
         if self.filling:
             self._purge_after_fill = True
             return 0
-        called = self._purges_started
-        async with self._purge_lock:  # concurrent erasures share the purges
-            if self._purged_through > called:
-                return 0  # one began after this call, so after its deletes, and succeeded
-            self._purges_started += 1
-            ordinal = self._purges_started
-            n = await self._purge()
-            self._purged_through = ordinal  # not reached by a failed purge: it covers no one
-            return n
+        return await self._purges.run(self._purge) or 0  # concurrent erasures share them
 
     async def _purge(self) -> int:
         threads = await self._run(self._thread_counts)
