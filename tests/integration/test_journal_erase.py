@@ -212,6 +212,7 @@ async def test_a_run_cut_after_the_blocks_is_finished_by_the_next(journal: Journ
             ERASED,
             cut_after_blocks(journal._make_durable),
             events_indexed_from=journal._events_indexed_from,
+            last_seq=journal._seq,
         )
     check_erased(before, await log_of(journal))  # the blocks were done
     assert len(await journal.last(ERASED[0], 10)) == 4  # the keys were not

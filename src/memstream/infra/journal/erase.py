@@ -42,7 +42,7 @@ from memstream.infra.journal.codec import (
     encode_seq_block,
     seq_block_len,
 )
-from memstream.infra.journal.reads import ALL_KEYS, ASCENDING, DESCENDING
+from memstream.infra.journal.reads import ALL_KEYS, ASCENDING, block_holding
 from memstream.schemas.events import encode, thread_event
 from memstream.schemas.records import ThreadRef
 
@@ -155,16 +155,17 @@ async def erase_threads(
     make_durable: Callable[[WriteBatch], Awaitable[None]],
     *,
     events_indexed_from: int | None = None,
+    last_seq: int = 0,
 ) -> ErasedJournal:
     """Remove every trace of ``refs`` from the journal (see the module docstring).
     ``events_indexed_from``: the first seq whose thread events are indexed (None: none are,
-    so the whole log is read)."""
+    so the whole log is read); ``last_seq``: the log's size, which bounds the lookups."""
     out = ErasedJournal()
     if not refs:
         return out
     erased = {(r.account_id, r.agent_id, r.thread_id) for r in refs}
     writes = _Writes(make_durable)
-    most = int(LOCATE_MAX_SHARE * await _last_seq(db)) if events_indexed_from else 0
+    most = int(LOCATE_MAX_SHARE * last_seq) if events_indexed_from else 0
     located = await _locate(db, refs, most, below=events_indexed_from or 0)
     candidates = thread_filter(erased)
     if located.unknown or located.too_many:
@@ -232,15 +233,6 @@ async def _locate(db: Db, refs: Sequence[ThreadRef], most: int, *, below: int) -
     return found
 
 
-async def _last_seq(db: Db) -> int:
-    """The log's last seq (0 when empty): its size, seqs having no gaps."""
-    it = await db.scan_prefix_with_options(keys.SEQUENCE, ALL_KEYS, DESCENDING)
-    rows = await it.next_batch(1)
-    if not rows:
-        return 0
-    return keys.decode_seq_key(rows[0].key) + seq_block_len(rows[0].value) - 1
-
-
 async def _blocks_holding(db: Db, seqs: set[int], *, below: int) -> AsyncIterator[KeyValue]:
     """Every block that starts before ``below`` (events there are not indexed), then the
     block holding each of ``seqs`` at or past it, each once, in seq order."""
@@ -252,13 +244,8 @@ async def _blocks_holding(db: Db, seqs: set[int], *, below: int) -> AsyncIterato
     for seq in sorted(s for s in seqs if s >= below):
         if seq <= covered:
             continue
-        upto = KeyRange(
-            start=None, start_inclusive=False, end=keys.u64(seq, field="seq"), end_inclusive=True
-        )
-        it = await db.scan_prefix_with_options(keys.SEQUENCE, upto, DESCENDING)
-        rows = await it.next_batch(1)
-        if not rows:
+        kv = await block_holding(db, seq)
+        if kv is None:
             continue
-        kv = rows[0]
         covered = keys.decode_seq_key(kv.key) + seq_block_len(kv.value) - 1
         yield kv

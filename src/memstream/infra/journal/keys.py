@@ -83,9 +83,13 @@ def _read_str(b: bytes, pos: int) -> tuple[str, int]:
 
 
 # --- messages --------------------------------------------------------------------------------
+def _thread(ref: ThreadRef) -> bytes:
+    return _str(ref.account_id) + _str(ref.agent_id) + _str(ref.thread_id)
+
+
 def thread_prefix(ref: ThreadRef) -> bytes:
     """The prefix of every message key of one thread."""
-    return MESSAGES + _str(ref.account_id) + _str(ref.agent_id) + _str(ref.thread_id)
+    return MESSAGES + _thread(ref)
 
 
 def message_key(ref: ThreadRef, offset: int) -> bytes:
@@ -122,7 +126,7 @@ def decode_seq_key(key: bytes) -> int:
 # --- thread events -----------------------------------------------------------------------------
 def thread_events_prefix(ref: ThreadRef) -> bytes:
     """The prefix of every event-index key of one thread."""
-    return THREAD_EVENTS + _str(ref.account_id) + _str(ref.agent_id) + _str(ref.thread_id)
+    return THREAD_EVENTS + _thread(ref)
 
 
 def thread_event_key(ref: ThreadRef, seq: int) -> bytes:

@@ -30,6 +30,7 @@ from memstream.infra.journal.codec import (
     decode_message,
     decode_seq_block,
     decode_tool_call,
+    seq_block_len,
 )
 from memstream.infra.journal.failures import SLATE_FAILURES, translate
 from memstream.schemas.records import Message, ThreadRef
@@ -56,7 +57,6 @@ _ASC = _scan_options(IterationOrder.ASCENDING)
 ASCENDING = _ASC
 ALL_KEYS = _ALL
 _DESC = _scan_options(IterationOrder.DESCENDING, read_ahead=16 * 1024)
-DESCENDING = _DESC
 
 
 class SlateReadable(Protocol):
@@ -67,6 +67,18 @@ class SlateReadable(Protocol):
     async def scan_prefix_with_options(
         self, prefix: bytes, subrange: KeyRange, options: ScanOptions
     ) -> DbIterator: ...
+
+
+async def block_holding(db: SlateReadable, seq: int, *, field: str = "seq") -> KeyValue | None:
+    """The sequence block holding ``seq``: the last one that starts at or before it (None
+    when none does). Driver errors are the caller's to translate; an out-of-range ``seq``
+    is an ``InvalidRequest`` naming ``field``."""
+    upto = KeyRange(
+        start=None, start_inclusive=False, end=keys.u64(seq, field=field), end_inclusive=True
+    )
+    it = await db.scan_prefix_with_options(keys.SEQUENCE, upto, _DESC)
+    rows = await it.next_batch(1)
+    return rows[0] if rows else None
 
 
 class JournalReads:
@@ -179,20 +191,11 @@ class JournalReads:
         if after_seq < 0:
             raise InvalidRequest("after_seq must be >= 0", field="after_seq")
         want = after_seq + 1
-        # the block holding ``want`` is the last one that starts at or before it
-        head = await self._scan(
-            keys.SEQUENCE,
-            KeyRange(
-                start=None,
-                start_inclusive=False,
-                end=keys.u64(want, field="after_seq"),
-                end_inclusive=True,
-            ),
-            limit=1,
-            descending=True,
-            doing="reading the sequence",
-        )
-        start = keys.decode_seq_key(head[0].key) if head else want
+        try:
+            head = await block_holding(self._db, want, field="after_seq")
+        except SLATE_FAILURES as e:
+            raise self._fail(e, "reading the sequence") from e
+        start = keys.decode_seq_key(head.key) if head else want
         out: list[tuple[int, bytes]] = []
         span = KeyRange(start=keys.u64(start), start_inclusive=True, end=None, end_inclusive=False)
         try:
@@ -217,7 +220,7 @@ class JournalReads:
         )
         if not rows:
             return 0
-        return keys.decode_seq_key(rows[0].key) + len(decode_seq_block(rows[0].value)) - 1
+        return keys.decode_seq_key(rows[0].key) + seq_block_len(rows[0].value) - 1
 
     async def events_indexed_from(self) -> int | None:
         """The first seq whose thread events are indexed (``keys.THREAD_EVENTS``); None for

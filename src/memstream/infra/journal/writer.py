@@ -296,9 +296,7 @@ class Journal(JournalReads):
             marker = WriteBatch()
             marker.put(keys.EVENTS_INDEXED_FROM, keys.u64(indexed_from))
             try:
-                handle = await db.write(marker)
-                await db.flush_with_options(_WAL_FLUSH)
-                await handle.await_durable()
+                await _write_durably(db, marker, flush_wal=True)
             except SLATE_FAILURES as e:
                 raise translate(e, f"opening the journal at {path!r}") from e
         log.info("journal opened at %r: last seq %d, relay watermark %d", path, last_seq, watermark)
@@ -409,6 +407,7 @@ class Journal(JournalReads):
                     refs,
                     self._make_durable,
                     events_indexed_from=self._events_indexed_from,
+                    last_seq=self._seq,
                 )
             except SLATE_FAILURES as e:
                 err = translate(e, "erasing threads")
@@ -567,10 +566,7 @@ class Journal(JournalReads):
         st.cursors = {}
 
     async def _make_durable(self, wb: WriteBatch) -> None:
-        handle = await self._wdb.write(wb)
-        if self._eager_flush:
-            await self._wdb.flush_with_options(_WAL_FLUSH)
-        await handle.await_durable()
+        await _write_durably(self._wdb, wb, flush_wal=self._eager_flush)
 
     def _finish(self, flight: _Flight) -> bool:
         """The flight's durable wait ended: commit its state (True; the caller acknowledges
@@ -817,6 +813,15 @@ class Journal(JournalReads):
         except SLATE_FAILURES as e:
             # a fenced or broken writer cannot shut down cleanly; nothing is left to save
             log.warning("journal shutdown: %s", e)
+
+
+async def _write_durably(db: Db, wb: WriteBatch, *, flush_wal: bool) -> None:
+    """Write ``wb`` and wait until it is durable (``flush_wal``: flush the WAL at once rather
+    than at SlateDB's next tick)."""
+    handle = await db.write(wb)
+    if flush_wal:
+        await db.flush_with_options(_WAL_FLUSH)
+    await handle.await_durable()
 
 
 class _Probe(JournalReads):
