@@ -398,3 +398,34 @@ async def test_erasing_a_user_under_load_loses_nothing_of_others(stack: ApiStack
         headers=s.headers(user="erin"),
     )
     assert r.status_code == 404  # an erased thread takes no appends
+
+
+async def test_erasure_status_for_callers_and_ids_an_attacker_would_send(stack: ApiStack) -> None:
+    """``GET /v1/erasures/{id}``: no key is 401; another account's key, an unknown id and
+    hostile ids are 404 naming ``erasure_id`` (never a 500); any user of the account sees
+    the status (counts and the step, no content)."""
+    s, svc = stack, stack.services
+    assert svc.erasures is not None
+    await seed_thread(s, "statusbot", "t1", "erin", "secret-status-words")
+    r = await s.client.post("/v1/agents/statusbot/threads/t1/erase", headers=s.headers(user="erin"))
+    assert r.status_code == 202
+    erasure_id = r.json()["erasure_id"]
+    await svc.erasures.wait(erasure_id)
+    url = f"/v1/erasures/{erasure_id}"
+    assert (await s.client.get(url)).status_code == 401
+    for headers in (s.headers(user="erin"), s.headers(user="frank"), s.headers()):
+        r = await s.client.get(url, headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "done" and r.json()["step"] is None
+        assert "secret-status-words" not in r.text
+    hostile = ["nope", "era_" + "0" * 2000, "%00", "a%00b", "%F0%9F%92%A9", "'--", "%20"]
+    for bad in [*hostile, erasure_id + "x"]:
+        for headers in (s.headers(), s.headers(key=s.other_key)):
+            r = await s.client.get(f"/v1/erasures/{bad}", headers=headers)
+            assert r.status_code in (400, 404), (bad, r.status_code, r.text)
+            assert r.json()["error"]["field"] == "erasure_id", (bad, r.text)
+    # an id with a slash is another path: no route, never the status of anything
+    r = await s.client.get("/v1/erasures/..%2F..%2Fetc", headers=s.headers())
+    assert r.status_code == 404 and "stores" not in r.text
+    r = await s.client.get(url, headers=s.headers(key=s.other_key))
+    assert r.status_code == 404  # another account's key

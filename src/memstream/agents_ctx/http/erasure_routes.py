@@ -61,7 +61,9 @@ async def erase_user(user_id: str, key: KeyDep, svc: ServicesDep) -> JSONRespons
     return JSONResponse({"erasure_id": erasure_id}, status_code=202)
 
 
-@router.get("/v1/erasures/{erasure_id}", **contract(answer=wire.Erasure, errors=(401, 404, 503)))
+@router.get(
+    "/v1/erasures/{erasure_id}", **contract(answer=wire.Erasure, errors=(400, 401, 404, 503))
+)
 async def erasure_status(erasure_id: str, key: KeyDep, svc: ServicesDep) -> JSONResponse:
-    erasure = await _erasures(svc).get(key.account_id, erasure_id)
+    erasure = await _erasures(svc).get(key.account_id, check_id(erasure_id, "erasure_id"))
     return JSONResponse(erasure.to_dict())
