@@ -425,7 +425,14 @@ def bench(args: argparse.Namespace) -> None:
     named = [s.split("=", 1) for s in args.server or ["now=src"]]
     if args.before:
         named.append(["before", str(_source_at(args.before, work / "before-src"))])
-    servers = [Up(name, Path(src), env, work / name) for name, src in named]
+    per_server: dict[str, dict[str, str]] = {}
+    for item in args.server_env:  # NAME:K=V
+        name, kv = item.split(":", 1)
+        k, v = kv.split("=", 1)
+        per_server.setdefault(name, {})[k] = v
+    servers = [
+        Up(name, Path(src), {**env, **per_server.get(name, {})}, work / name) for name, src in named
+    ]
     loads: list[Load] = []
 
     def stop() -> None:
@@ -541,6 +548,9 @@ if __name__ == "__main__":
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--server", action="append", help="NAME=SRC (repeatable); default now=src")
     ap.add_argument("--env", action="append", default=[], help="K=V for every server")
+    ap.add_argument(
+        "--server-env", action="append", default=[], help="NAME:K=V for one server (repeatable)"
+    )
     ap.add_argument("--before", metavar="REF", help="add a server 'before' on git REF's src")
     with contextlib.suppress(KeyboardInterrupt):
         bench(ap.parse_args())

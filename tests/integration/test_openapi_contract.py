@@ -232,3 +232,14 @@ async def test_a_generated_client_calls_routes(
         sys.path.remove(str(tmp_path))
         for name in [m for m in sys.modules if m.startswith("memstream_api")]:
             del sys.modules[name]
+
+
+async def test_the_search_scopes_the_document_lists_are_the_ones_the_route_takes(
+    doc: dict[str, Any],
+) -> None:
+    """The document once listed ``thread`` for ``scope`` while the route took only
+    ``current_thread`` (a generated client's ``thread`` got a 400)."""
+    from memstream.agents_ctx.journal_tools.search import SCOPES
+
+    scope = doc["components"]["schemas"]["SearchBody"]["properties"]["scope"]
+    assert scope["enum"] == list(SCOPES) == ["all_threads", "current_thread"]

@@ -179,6 +179,38 @@ async def test_redelivered_bulk_batches_leave_one_copy(indexed_store: MessageSto
     assert explained(top)["terms"]["walrus"]["df"] == 1_200
 
 
+async def test_an_upsert_replaces_each_message_once_whatever_its_batch_holds(
+    tmp_path: Path,
+) -> None:
+    """The index deletes a batch's keys with one query before adding it: a message twice in
+    one batch keeps its last copy (as a delete before each add did), a message written
+    again replaces its document, and one whose new text has no term leaves the index."""
+    index = LexicalIndex(tmp_path / "ix")
+    await index.fill(_no_batches)
+    first = [IndexRow("acc", "ag", "t", i, 1_000 + i, f"otter {i}") for i in range(4)]
+    assert await index.upsert(first) == 4
+    again = [
+        IndexRow("acc", "ag", "t", 0, 1_000, "heron first copy"),
+        IndexRow("acc", "ag", "t", 0, 1_000, "heron second copy"),
+        IndexRow("acc", "ag", "t", 1, 1_001, "..."),  # no term any more
+        IndexRow("acc", "ag", "t", 2, 1_002, "otter 2"),  # the same again
+    ]
+    assert await index.upsert(again) == 2
+    assert await index.count() == 3  # 0 (second copy), 2, 3
+    docs = await index.documents("acc", "ag", [r.key for r in first], [])
+    assert sorted((d.offset, d.terms) for d in docs) == [
+        (0, ["heron", "second", "copy"]),
+        (2, ["otter", "2"]),
+        (3, ["otter", "3"]),
+    ]
+    await index.close()
+
+
+async def _no_batches() -> AsyncIterator[list[IndexRow]]:
+    return
+    yield
+
+
 async def test_a_fill_over_unmerged_copies_leaves_one_document_per_message(
     chdb_engine: ChdbEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

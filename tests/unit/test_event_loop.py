@@ -92,3 +92,24 @@ def test_a_child_server_runs_as_its_user_and_stops_on_either_loop(
         uid, _pid, alive = runner.run(scenario())
     assert uid == os.getuid()
     assert not alive
+
+
+def test_the_serving_commands_set_the_switch_interval() -> None:
+    """``run`` applies the ``switch_interval_s`` setting before the loop starts (Python's
+    5 ms default let a busy loop starve the lexical index's writer: docs/operations.md);
+    the other commands leave Python's own."""
+    from memstream.infra.cli.main import run
+    from memstream.infra.settings import Settings
+
+    before = sys.getswitchinterval()
+
+    async def seen() -> float:
+        return sys.getswitchinterval()
+
+    try:
+        assert run(seen(), "asyncio", 0.0003) == pytest.approx(0.0003)
+        sys.setswitchinterval(before)
+        assert run(seen(), "asyncio") == pytest.approx(before)
+        assert Settings().switch_interval_s < 0.001
+    finally:
+        sys.setswitchinterval(before)

@@ -56,3 +56,28 @@ def test_the_stem_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(lexical_index._STEMS) == 40  # noqa: SLF001
     assert document_terms("kittens painting") == ["kitten", "paint"]
     assert len(lexical_index._STEMS) == 2  # noqa: SLF001
+
+
+@settings(max_examples=300, deadline=None)
+@given(TEXT)
+def test_the_index_tokenizer_gives_back_a_body_s_terms(text: str) -> None:
+    """``body`` is the terms joined by spaces; the index's ``terms`` tokenizer (Tantivy's
+    whitespace tokenizer) must give back exactly those terms, in order, whatever the text
+    holds (Unicode spaces such as U+00A0, U+2028 or U+3000 stay inside a term, as the
+    analyzer keeps them), and the same tokens as the ``[^ ]+`` regex tokenizer it replaced."""
+    import tantivy
+
+    body = lexical_index.document_body(text)
+    whitespace = tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace()).build()
+    regex = tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.regex(r"[^ ]+")).build()
+    assert whitespace.analyze(body) == terms(text) == regex.analyze(body)
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u2028", "\u3000", "\x85", "\u200b", "\ufeff"])
+def test_unicode_spaces_stay_inside_a_term(space: str) -> None:
+    import tantivy
+
+    text = f"alpha{space}beta gamma"
+    whitespace = tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace()).build()
+    assert whitespace.analyze(lexical_index.document_body(text)) == terms(text)
+    assert len(terms(text)) == 2

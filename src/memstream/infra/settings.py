@@ -94,6 +94,15 @@ class Settings(BaseSettings):
         description="The event loop of memstream up / api / worker: auto = uvloop when it is "
         "installed (the server extra), else asyncio's.",
     )
+    switch_interval_s: float = Field(
+        default=0.0002,
+        gt=0,
+        le=0.1,
+        description="Python's thread switch interval (sys.setswitchinterval) in memstream up / "
+        "api / worker: how long a worker thread (the lexical index's writer, chdb, the "
+        "embedder) waits for the GIL before the event loop must hand it over. Python's "
+        "5 ms default let a busy loop starve them (docs/operations.md).",
+    )
     readiness_interval_s: float = Field(
         default=1.0, gt=0, description="How often /healthz's probes run in the background."
     )

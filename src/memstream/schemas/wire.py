@@ -163,9 +163,14 @@ class ForgetBody(BaseModel):
     key: str
 
 
+SearchScope = Literal["all_threads", "current_thread"]
+"""Where ``journal_message_search`` looks (the one list: the route checks it, the OpenAPI
+document shows it)."""
+
+
 class SearchBody(BaseModel):
     query: str
-    scope: Literal["all_threads", "thread"] = "all_threads"
+    scope: SearchScope = "all_threads"
     thread_id: str | None = None
     limit: int | None = None
     summarize: bool = True

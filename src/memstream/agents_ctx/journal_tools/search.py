@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, get_args
 
 import orjson
 
@@ -37,9 +37,10 @@ from memstream.projections.messages import MessageStore, SearchHit, SearchSpec, 
 from memstream.projections.messages.sql import MAX_QUERY_WORDS
 from memstream.schemas.limits import SEARCH_DEFAULT_LIMIT, SEARCH_MAX_LIMIT, SEARCH_MIN_LIMIT
 from memstream.schemas.records import Caller, JSONObject, JSONValue, Message, iso
+from memstream.schemas.wire import SearchScope
 
-Scope = Literal["all_threads", "current_thread"]
-SCOPES: Final = ("all_threads", "current_thread")
+Scope = SearchScope
+SCOPES: Final = get_args(SearchScope)
 MAX_QUERY_CHARS: Final = 2_000
 SUMMARY_TOKEN_BUDGET: Final = 200
 """Tokens per thread summary: a few lines an agent can read without flooding its context."""

@@ -15,6 +15,7 @@ import importlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -154,9 +155,12 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
     return factory
 
 
-def run(coro: object, loop: str = "asyncio") -> object:
-    """Run ``coro`` to its end; a ``MemstreamError`` exits 1 with its message. ``loop``:
-    the ``event_loop`` setting for the serving commands (``up``, ``api``, ``worker``)."""
+def run(coro: object, loop: str = "asyncio", switch_interval_s: float | None = None) -> object:
+    """Run ``coro`` to its end; a ``MemstreamError`` exits 1 with its message. ``loop`` and
+    ``switch_interval_s``: the ``event_loop`` and ``switch_interval_s`` settings, for the
+    serving commands (``up``, ``api``, ``worker``)."""
+    if switch_interval_s is not None:
+        sys.setswitchinterval(switch_interval_s)
     try:
         with asyncio.Runner(loop_factory=event_loop_factory(loop)) as runner:
             return runner.run(coro)  # type: ignore[arg-type]
@@ -245,7 +249,7 @@ def up(
         print(f"memstream ready at {st.api_url}", flush=True)
 
     # the stack marks memstream.json not running
-    run(serve_until_signal(stack, ready), s.event_loop)
+    run(serve_until_signal(stack, ready), s.event_loop, s.switch_interval_s)
 
 
 @app.command()
@@ -267,7 +271,7 @@ def api(
     def ready(st: Stack) -> None:
         print(f"memstream api ready at {st.api_url}", flush=True)
 
-    run(serve_until_signal(stack, ready), s.event_loop)
+    run(serve_until_signal(stack, ready), s.event_loop, s.switch_interval_s)
 
 
 @app.command()
@@ -289,7 +293,7 @@ def worker(
     def ready(_: Stack) -> None:
         print("memstream worker ready", flush=True)
 
-    run(serve_until_signal(stack, ready), s.event_loop)
+    run(serve_until_signal(stack, ready), s.event_loop, s.switch_interval_s)
 
 
 @app.command()
