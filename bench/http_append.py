@@ -46,10 +46,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 ACCOUNT = "bench"
 
@@ -417,10 +418,18 @@ def _source_at(ref: str, into: Path) -> Path:
     return into / "src"
 
 
-def bench(args: argparse.Namespace) -> None:
-    """Build the servers, run :func:`main`, and stop every process it started however it
-    ends (see :func:`stops_on_exit`)."""
-    work = Path(tempfile.mkdtemp(prefix="httpappend-"))
+def server_args(ap: argparse.ArgumentParser) -> None:
+    """The options naming the servers a bench starts (:func:`servers_of` reads them)."""
+    ap.add_argument("--server", action="append", help="NAME=SRC (repeatable); default now=src")
+    ap.add_argument("--env", action="append", default=[], help="K=V for every server")
+    ap.add_argument(
+        "--server-env", action="append", default=[], help="NAME:K=V for one server (repeatable)"
+    )
+    ap.add_argument("--before", metavar="REF", help="add a server 'before' on git REF's src")
+
+
+def servers_of(args: argparse.Namespace, work: Path) -> list[Up]:
+    """The ``memstream up`` servers :func:`server_args`' options ask for, data under ``work``."""
     env = dict(kv.split("=", 1) for kv in args.env)
     named = [s.split("=", 1) for s in args.server or ["now=src"]]
     if args.before:
@@ -430,9 +439,14 @@ def bench(args: argparse.Namespace) -> None:
         name, kv = item.split(":", 1)
         k, v = kv.split("=", 1)
         per_server.setdefault(name, {})[k] = v
-    servers = [
+    return [
         Up(name, Path(src), {**env, **per_server.get(name, {})}, work / name) for name, src in named
     ]
+
+
+def run_with(servers: list[Up], body: Callable[[list[Load]], Coroutine[Any, Any, None]]) -> None:
+    """Run ``body`` (given the list it adds its load generators to) and stop every server
+    and generator however it ends (see :func:`stops_on_exit`)."""
     loads: list[Load] = []
 
     def stop() -> None:
@@ -441,7 +455,14 @@ def bench(args: argparse.Namespace) -> None:
         _stop_servers(servers)
 
     with stops_on_exit(stop):
-        asyncio.run(main(args, work, servers, loads))
+        asyncio.run(body(loads))
+
+
+def bench(args: argparse.Namespace) -> None:
+    """Build the servers and run :func:`main` on them."""
+    work = Path(tempfile.mkdtemp(prefix="httpappend-"))
+    servers = servers_of(args, work)
+    run_with(servers, lambda loads: main(args, work, servers, loads))
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -546,11 +567,6 @@ if __name__ == "__main__":
     ap.add_argument("--per-client", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--procs", type=int, default=1)
-    ap.add_argument("--server", action="append", help="NAME=SRC (repeatable); default now=src")
-    ap.add_argument("--env", action="append", default=[], help="K=V for every server")
-    ap.add_argument(
-        "--server-env", action="append", default=[], help="NAME:K=V for one server (repeatable)"
-    )
-    ap.add_argument("--before", metavar="REF", help="add a server 'before' on git REF's src")
+    server_args(ap)
     with contextlib.suppress(KeyboardInterrupt):
         bench(ap.parse_args())

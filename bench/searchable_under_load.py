@@ -2,7 +2,7 @@
 ``memstream up``, against the same with the server idle.
 
 Run: ``python bench/searchable_under_load.py [--seconds 20] [--clients 64] [--rounds 2]
-[--server NAME=SRC ...] [--server-env NAME:K=V ...] [--before REF]``.
+[--server NAME=SRC ...] [--env K=V ...] [--server-env NAME:K=V ...] [--before REF]``.
 
 Each server is a ``memstream up`` subprocess (``bench/http_append.py``'s ``Up``: fresh data
 dir, every embedded server, its source first on ``PYTHONPATH``). For ``--seconds`` the load
@@ -32,7 +32,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_append import Load, Up, _settle, _source_at, _stop_servers, stops_on_exit  # noqa: E402
+from http_append import (  # noqa: E402
+    Load,
+    Up,
+    _settle,
+    _stop_servers,
+    run_with,
+    server_args,
+    servers_of,
+)
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -134,27 +142,8 @@ async def main(args: argparse.Namespace, servers: list[Up], loads: list[Load]) -
 
 def bench(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="memstream-searchable-"))
-    repo = Path(__file__).resolve().parent.parent
-    specs = [tuple(s.split("=", 1)) for s in (args.server or [])] or [("now", str(repo / "src"))]
-    if args.before:
-        specs.insert(0, ("before", str(_source_at(args.before, work / "before-src"))))
-    envs: dict[str, dict[str, str]] = {}
-    for item in args.server_env:
-        name, kv = item.split(":", 1)
-        k, v = kv.split("=", 1)
-        envs.setdefault(name, {})[k] = v
-    servers = [
-        Up(name, Path(src), envs.get(name, {}), work / f"data-{name}") for name, src in specs
-    ]
-    loads: list[Load] = []
-
-    def stop() -> None:
-        for load in loads:
-            load.close()
-        _stop_servers(servers)
-
-    with stops_on_exit(stop):
-        asyncio.run(main(args, servers, loads))
+    servers = servers_of(args, work)
+    run_with(servers, lambda loads: main(args, servers, loads))
 
 
 if __name__ == "__main__":
@@ -163,8 +152,6 @@ if __name__ == "__main__":
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--probe-every", type=float, default=0.5)
-    ap.add_argument("--server", action="append", help="NAME=SRC (repeatable); default now=src")
-    ap.add_argument("--server-env", action="append", default=[], help="NAME:K=V (repeatable)")
-    ap.add_argument("--before", metavar="REF", help="add a server 'before' on git REF's src")
+    server_args(ap)
     with contextlib.suppress(KeyboardInterrupt):
         bench(ap.parse_args())
