@@ -414,7 +414,7 @@ class LexicalIndex:
         # ClickHouse's ``splitByNonAlpha``), so Tantivy's whitespace tokenizer (which splits
         # on ASCII whitespace only) gives back exactly the terms and their positions: the
         # same tokens as the ``[^ ]+`` regex tokenizer it replaced, at ~5 µs less a message
-        # (tests/unit/test_lexical_tokens.py; no layout change: indexes written before read
+        # (tests/unit/test_lexical_terms.py; no layout change: indexes written before read
         # the same)
         self._index.register_tokenizer(
             "terms", tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace()).build()
@@ -476,8 +476,9 @@ class LexicalIndex:
     def _add(
         self, rows: Iterable[IndexRow] | IndexColumns, *, replace: bool = True, threads: int = 1
     ) -> int:
-        """Add ``rows``; ``replace``: each after deleting any document of the same key (a
-        fill into an emptied index has none to delete)."""
+        """Add ``rows``; ``replace``: after deleting any document of their keys, with one
+        term-set delete stamped before the adds (a fill into an emptied index has none to
+        delete). A key twice in ``rows`` is added once, its last copy."""
         w = self._w(threads)
         # (account, agent, thread) -> its users and the opening of its documents: a batch
         # interleaves its threads' messages (one conversation's turns among the others')
