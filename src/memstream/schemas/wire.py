@@ -4,6 +4,8 @@
 These models document; they do not sit on the hot path. Routes still parse bodies with
 ``agents_ctx.validation`` (so every refusal is a 400 naming the exact field) and answer
 with the records' own ``to_dict()`` through orjson. What keeps the two from drifting:
+the lists a route checks (roles, categories, visibilities, search scopes) are the ones these
+models show (``records.Role``, ``Category``, ``Visibility``, :data:`SearchScope`);
 ``tests/unit/test_wire_schemas.py`` checks each record's ``to_dict()`` keys against its model,
 and ``tests/integration/test_openapi_contract.py`` validates real answers of every route
 against ``/openapi.json``.
@@ -14,6 +16,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from memstream.schemas.records import Category, Role, Visibility
 
 # --- errors ------------------------------------------------------------------------------------
 
@@ -81,7 +85,7 @@ class AppendBody(BaseModel):
 class ContextMessage(BaseModel):
     """A context message in the OpenAI Chat Completions shape."""
 
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Role
     content: str | None
     tool_calls: list[OpenAIToolCall] | None = None
     tool_call_id: str | None = None
@@ -107,8 +111,8 @@ class MemoryEntry(BaseModel):
 
     key: str
     content: str
-    category: Literal["user_profile", "project_fact", "observation"]
-    visibility: Literal["private", "shared"]
+    category: Category
+    visibility: Visibility
     importance: float
     user_id: str | None
     content_hash: str
@@ -147,15 +151,15 @@ class ThreadBody(BaseModel):
 class StoreBody(BaseModel):
     key: str
     content: str
-    category: Literal["user_profile", "project_fact", "observation"]
-    scope: Literal["private", "shared"]
+    category: Category
+    scope: Visibility
     importance: float | None = Field(default=None, ge=0, le=1)
 
 
 class RecallBody(BaseModel):
     query: str
     limit: int | None = None
-    category: Literal["user_profile", "project_fact", "observation"] | None = None
+    category: Category | None = None
     after: int | None = Field(default=None, description="read-your-writes: a store's position")
 
 
@@ -321,7 +325,7 @@ class EntryPatchBody(BaseModel):
 
     content: str | None = None
     importance: float | None = Field(default=None, ge=0, le=1)
-    category: Literal["user_profile", "project_fact", "observation"] | None = None
+    category: Category | None = None
     expires_at: str | None = Field(default=None, description="ISO-8601 in the future; null: never")
 
 
