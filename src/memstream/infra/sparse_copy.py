@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Final
 
-__all__ = ["copy_file", "copy_tree"]
+__all__ = ["copy_file", "copy_tree", "sync_tree"]
 
 _CHUNK: Final = 8 << 20
 """At most this many bytes per ``copy_file_range`` / read call."""
@@ -50,6 +50,29 @@ def copy_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
 def copy_tree(src: Path, dst: Path) -> None:
     """``shutil.copytree`` of ``src`` to a new ``dst`` with :func:`copy_file`."""
     shutil.copytree(src, dst, copy_function=copy_file)
+
+
+def sync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` (``root`` and its parent included): what
+    a copy wrote is on the disk when this returns, as a program that wrote it with fsyncs
+    of its own would have left it."""
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _sync_dir(folder)
+    _sync_dir(str(Path(root).parent))
+
+
+def _sync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _copy_range(fi: int, fo: int, offset: int, count: int) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -63,9 +64,11 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
-from memstream.infra.sparse_copy import copy_tree
+from memstream.infra.sparse_copy import copy_tree, sync_tree
 from memstream.projections.memory_index.tuning import IndexTuning
 from memstream.projections.shared_runs import SharedRuns
+
+log = logging.getLogger(__name__)
 
 CURRENT: Final = "CURRENT"
 """The file naming the shard folder in use."""
@@ -172,9 +175,21 @@ class ShardSlot:
             shutil.rmtree(parked, ignore_errors=True)
         self._set_current(1)
 
-    def create(self, config: EdgeConfig, setup: Sequence[UpdateOperation] = ()) -> EdgeShard:
+    def create(
+        self,
+        config: EdgeConfig,
+        setup: Sequence[UpdateOperation] = (),
+        *,
+        template: Path | None = None,
+    ) -> EdgeShard:
         """The shard in use, created with ``config`` and the ``setup`` operations (payload
-        indexes) if there is none."""
+        indexes) if there is none.
+
+        ``template``: a folder keyed by everything ``config`` and ``setup`` are made of. When
+        it holds an empty shard made with them, the new shard is a copy of it (sparse,
+        fsynced) instead of a create and one write per setup operation; when it does not,
+        the shard is created, then copied there for the next one (see :func:`_keep_template`).
+        """
         shard = self.get()
         if shard is not None:
             return shard
@@ -182,11 +197,17 @@ class ShardSlot:
             if self._shard is None:
                 folder = self.path / "g1"
                 shutil.rmtree(folder, ignore_errors=True)
-                folder.mkdir(parents=True)
-                shard = EdgeShard.create(str(folder), config)
-                for op in setup:
-                    shard.update(op)
-                shard.flush()
+                made = template is not None and _from_template(template, folder)
+                if made:
+                    shard = EdgeShard.load(str(folder))
+                else:
+                    folder.mkdir(parents=True)
+                    shard = EdgeShard.create(str(folder), config)
+                    for op in setup:
+                        shard.update(op)
+                    shard.flush()
+                    if template is not None:
+                        _keep_template(folder, template)
                 self._set_current(1)
                 self._shard = shard
             return self._shard
@@ -347,6 +368,46 @@ class ShardSlot:
                 self._shard = None
             self._loaded = False
         self.retire()
+
+
+TEMPLATE_SHARD: Final = "shard"
+"""The shard's folder inside a template folder (present only once wholly written)."""
+
+
+def _from_template(template: Path, folder: Path) -> bool:
+    """Copy ``template``'s empty shard to ``folder`` (a new one, durable on return); False
+    when there is no template yet or its copy failed (``folder`` is then removed)."""
+    source = template / TEMPLATE_SHARD
+    if not source.is_dir():
+        return False
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        copy_tree(source, folder)
+        sync_tree(folder)
+    except OSError as e:
+        log.warning("could not copy the empty shard at %s, creating one: %s", template, e)
+        shutil.rmtree(folder, ignore_errors=True)
+        return False
+    return True
+
+
+def _keep_template(folder: Path, template: Path) -> None:
+    """Copy the just-created, still empty shard at ``folder`` to ``template``: written to a
+    folder of its own, fsynced, then renamed into place, so a template is whole or absent
+    (a crash leaves a ``.tmp-*`` folder, swept by the next keep). Best effort: a failure is
+    logged and the next create makes the shard again."""
+    tmp = template.parent / f"{template.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        for stale in template.parent.glob(f"{template.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        copy_tree(folder, tmp / TEMPLATE_SHARD)
+        sync_tree(tmp)
+        tmp.rename(template)
+    except OSError as e:  # another process or thread was first, a full disk...
+        if not (template / TEMPLATE_SHARD).is_dir():
+            log.warning("could not keep an empty shard at %s: %s", template, e)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _build_main(folder: str) -> None:

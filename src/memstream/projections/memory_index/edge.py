@@ -9,11 +9,13 @@ so it runs in a worker thread. Writes go through the shard's WAL: durable on ret
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import importlib.metadata
 import shutil
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from qdrant_edge import (
     AcornSearchParams,
@@ -53,6 +55,13 @@ from memstream.projections.memory_index.layout import (
 )
 from memstream.projections.memory_index.port import IndexPoint, SparseVec
 from memstream.projections.memory_index.tuning import TUNING, IndexTuning
+
+_TEMPLATE_PREFIX = ".template-"
+"""Folder prefix of the empty collections new ones are copied from (see ``_template``)."""
+TEMPLATE_LAYOUT: Final = 1
+"""Raise when what ``edge_config`` or ``field_indexes`` make changes in a way the tuning's
+repr does not show: older templates are then left unused."""
+_ENGINE_VERSION: Final = importlib.metadata.version("qdrant-edge-py")
 
 _TRASH_PREFIX = ".dropped-"
 """Directory prefix of dropped collections awaiting deletion (collection names start with
@@ -222,7 +231,9 @@ class EdgeIndex:
                 return None
             else:
                 shard = slot.create(
-                    edge_config(dimensions, self.tuning), field_indexes(self.tuning)
+                    edge_config(dimensions, self.tuning),
+                    field_indexes(self.tuning),
+                    template=self._template(dimensions),
                 )
                 cfg_size = dimensions
             if dimensions is not None and cfg_size is not None and cfg_size != dimensions:
@@ -235,6 +246,15 @@ class EdgeIndex:
             if cfg_size is not None:
                 self._dims[name] = cfg_size
             return shard
+
+    def _template(self, dimensions: int) -> Path:
+        """Where an empty collection of ``dimensions`` with this tuning is kept, to be copied
+        for the next new collection (``ShardSlot.create``): a copy is ~2x faster than a
+        create and its nine payload indexes (0.06 against 0.12 s quiet), which every new
+        account and every account of a replay pays. Keyed by all a new shard is made of:
+        the dimensions, the tuning, this module's layout and the engine's version."""
+        made_of = f"{TEMPLATE_LAYOUT}|{dimensions}|{self.tuning!r}|{_ENGINE_VERSION}"
+        return self._base / f"{_TEMPLATE_PREFIX}{hashlib.sha256(made_of.encode()).hexdigest()[:16]}"
 
     def _slot(self, name: str, dimensions: int | None) -> ShardSlot | None:
         """The collection's slot, its shard opened (or created with ``dimensions``)."""
