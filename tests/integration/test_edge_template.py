@@ -49,7 +49,7 @@ async def answers(edge: EdgeIndex, name: str) -> list[str]:
         name,
         point(3).dense,
         SparseVec([3], [1.0]),
-        RecallScope("a", "g", None, None, 0.0),
+        RecallScope("a", "g", None, 0.0),
         50,
         50,
     )
