@@ -99,7 +99,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 async def main(args: argparse.Namespace, servers: list[Up], loads: list[Load]) -> None:
-    load = Load(1, args.clients)
+    load = Load(args.procs, args.clients)
     loads.append(load)
     got: dict[tuple[str, str], list[float]] = {}
     try:
@@ -117,7 +117,8 @@ async def main(args: argparse.Namespace, servers: list[Up], loads: list[Load]) -
         _stop_servers(servers)
     load1, load5, _ = os.getloadavg()
     print(
-        f"{args.clients} appending clients, {args.seconds:.0f} s per phase x {args.rounds} "
+        f"{args.clients} appending clients in {args.procs} process(es), {args.seconds:.0f} s "
+        f"per phase x {args.rounds} "
         f"rounds; load average {load1:.1f} / {load5:.1f} (1/5 min)"
     )
     print(
@@ -152,6 +153,7 @@ if __name__ == "__main__":
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--probe-every", type=float, default=0.5)
+    ap.add_argument("--procs", type=int, default=1, help="load-generator processes")
     server_args(ap)
     with contextlib.suppress(KeyboardInterrupt):
         bench(ap.parse_args())
