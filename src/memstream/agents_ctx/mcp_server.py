@@ -40,13 +40,13 @@ from memstream import __version__
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.errors import MemstreamError
 from memstream.schemas.limits import RECALL_MAX_LIMIT
-from memstream.schemas.records import Caller
+from memstream.schemas.records import CATEGORIES, VISIBILITIES, Caller
 
 log = logging.getLogger(__name__)
 
 TOOL_NAMES: tuple[str, ...] = ("memory_store", "memory_recall", "memory_forget")
 
-_CATEGORIES = ["user_profile", "project_fact", "observation"]
+_CATEGORIES = list(CATEGORIES)
 
 
 class MemoryTools(Protocol):
@@ -112,7 +112,7 @@ CategoryArg = Annotated[
 ScopeArg = Annotated[
     Any,
     _schema(
-        {"type": "string", "enum": ["private", "shared"]},
+        {"type": "string", "enum": list(VISIBILITIES)},
         "'private' (this user only) or 'shared' (every user of the agent).",
     ),
 ]
