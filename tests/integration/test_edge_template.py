@@ -109,3 +109,23 @@ async def test_a_half_written_template_is_not_used_and_is_made_again(tmp_path: P
     assert await edge.count("mem-b") == 3
     await edge.close()
     assert not stale.exists()
+
+
+async def test_a_template_the_engine_refuses_is_replaced_and_the_collection_created(
+    tmp_path: Path,
+) -> None:
+    """A template whose copy does not load (damaged on disk) does not stop new collections:
+    the collection is created as without one, and a good template is kept again."""
+    edge = EdgeIndex(tmp_path)
+    await edge.ensure_collection("mem-a", 8)
+    (template,) = templates(tmp_path)
+    await edge.close()
+    (template / "shard" / "edge_config.json").write_text("{ not a configuration")
+    edge = EdgeIndex(tmp_path)
+    await edge.ensure_collection("mem-b", 8)
+    await edge.upsert("mem-b", [point(i) for i in range(3)])
+    assert await edge.count("mem-b") == 3
+    assert described(edge, "mem-b")[1] == described(edge, "mem-a")[1]  # the same indexes
+    await edge.close()
+    assert templates(tmp_path) == [template]
+    assert "not a configuration" not in (template / "shard" / "edge_config.json").read_text()

@@ -197,10 +197,8 @@ class ShardSlot:
             if self._shard is None:
                 folder = self.path / "g1"
                 shutil.rmtree(folder, ignore_errors=True)
-                made = template is not None and _from_template(template, folder)
-                if made:
-                    shard = EdgeShard.load(str(folder))
-                else:
+                shard = _from_template(template, folder) if template is not None else None
+                if shard is None:
                     folder.mkdir(parents=True)
                     shard = EdgeShard.create(str(folder), config)
                     for op in setup:
@@ -374,21 +372,24 @@ TEMPLATE_SHARD: Final = "shard"
 """The shard's folder inside a template folder (present only once wholly written)."""
 
 
-def _from_template(template: Path, folder: Path) -> bool:
-    """Copy ``template``'s empty shard to ``folder`` (a new one, durable on return); False
-    when there is no template yet or its copy failed (``folder`` is then removed)."""
+def _from_template(template: Path, folder: Path) -> EdgeShard | None:
+    """``template``'s empty shard copied to ``folder`` (a new one, durable) and loaded; None
+    when there is no template yet or its copy failed (``folder`` is then removed). A
+    template that does not load is removed too, so the next create keeps a good one."""
     source = template / TEMPLATE_SHARD
     if not source.is_dir():
-        return False
+        return None
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         copy_tree(source, folder)
         sync_tree(folder)
-    except OSError as e:
-        log.warning("could not copy the empty shard at %s, creating one: %s", template, e)
+        return EdgeShard.load(str(folder))
+    except Exception as e:  # an OSError, or the engine refusing what was copied
+        log.warning("could not use the empty shard at %s, creating one: %s", template, e)
         shutil.rmtree(folder, ignore_errors=True)
-        return False
-    return True
+        if not isinstance(e, OSError):
+            shutil.rmtree(template, ignore_errors=True)
+        return None
 
 
 def _keep_template(folder: Path, template: Path) -> None:
