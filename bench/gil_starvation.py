@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import statistics
 import sys
 import tempfile
 import time
@@ -91,8 +92,9 @@ async def busy(stop: asyncio.Event, step_s: float) -> None:
 
 
 async def upsert_times(
-    index: LexicalIndex, rows: int, step_s: float, timeout_s: float, first: int
+    index: LexicalIndex, rows: int, step_s: float | None, timeout_s: float, first: int
 ) -> list[float]:
+    """Three upserts' times beside a loop busy for ``step_s`` at a time (None: idle)."""
     out = []
     for r in range(3):
         batch = [
@@ -100,7 +102,7 @@ async def upsert_times(
             for i in range(rows)
         ]
         stop = asyncio.Event()
-        loop_task = asyncio.create_task(busy(stop, step_s))
+        loop_task = asyncio.create_task(busy(stop, step_s) if step_s is not None else stop.wait())
         await asyncio.sleep(0.02)
         t = time.perf_counter()
         job = asyncio.ensure_future(index.upsert(batch))
@@ -125,16 +127,24 @@ async def main(args: argparse.Namespace) -> None:
         f"upsert of {args.rows} messages beside a busy loop (ms, 3 tries; "
         f"{args.timeout:.0f} s = gave up waiting)"
     )
-    print(f"{'switch interval':>16} " + " ".join(f"{f'step {s} ms':>22}" for s in args.steps))
-    first = 0
+    idle = statistics.median(await upsert_times(index, args.rows, None, args.timeout, 0))
+    print(f"idle loop (Python's interval): {idle * 1e3:.0f} ms")
+    print(
+        f"{'switch interval':>16} "
+        + " ".join(f"{f'step {s} ms':>22}" for s in args.steps)
+        + f" {'median / idle':>14}"
+    )
+    first = 3 * args.rows
     for interval in args.intervals:
         sys.setswitchinterval(interval / 1e3)
-        cells = []
+        cells, all_xs = [], []
         for step in args.steps:
             xs = await upsert_times(index, args.rows, step / 1e3, args.timeout, first)
             first += 3 * args.rows
+            all_xs += xs
             cells.append(" / ".join(f"{x * 1e3:.0f}" for x in xs))
-        print(f"{f'{interval} ms':>16} " + " ".join(f"{c:>22}" for c in cells))
+        ratio = statistics.median(all_xs) / idle
+        print(f"{f'{interval} ms':>16} " + " ".join(f"{c:>22}" for c in cells) + f" {ratio:13.1f}x")
     await index.close()
 
 
