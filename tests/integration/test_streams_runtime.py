@@ -452,3 +452,72 @@ async def test_a_second_group_member_takes_partitions_without_loss_or_rehandling
     assert set(two.seen) & {e.id for e in later} and set(one.seen) & {e.id for e in later}
     assert not set(two.seen) & {e.id for e in first}
     assert len(one.seen) == len(set(one.seen)) and len(two.seen) == len(set(two.seen))
+
+
+class Holding(Recorder):
+    """Takes its records and never returns from the handler: its group commits nothing."""
+
+    def __init__(self, name: str, topic: str) -> None:
+        super().__init__(name)
+        self.topic = topic
+        self.held = asyncio.Event()
+
+    async def handle(self, envelope: Envelope, meta: EventMeta) -> None:
+        self.held.set()
+        await asyncio.Event().wait()
+
+
+async def test_the_lag_gauge_reads_every_hosted_group_in_one_refresh(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The runner's ``memstream_consumer_lag``: a group that drained its topic reads 0 and a
+    stuck group on another topic reads what it has not committed, both from one refresh."""
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
+    await ensure_topics(kafka_bootstrap, topics, PARTITIONS, 1)
+    settings = Settings(
+        kafka_bootstrap=kafka_bootstrap,
+        topic_prefix=topics.prefix,
+        partitions=PARTITIONS,
+        data_dir=tmp_path_factory.mktemp("lag-gauge"),
+    )
+    metrics = make_metrics()
+    drained, stuck = Recorder("drained"), Holding("stuck", "summaries")
+    runner = Runner(
+        settings,
+        {"drained": factory(drained), "stuck": factory(stuck)},
+        metrics,
+        lag_interval_s=0.2,
+    )
+    await runner.start()
+    try:
+        await runner.wait_ready(60)
+        journal = [event(f"lag-{i}") for i in range(12)]
+        summaries = [event(f"lag-{i}") for i in range(7)]
+        await produce(
+            kafka_bootstrap, topics.journal, [(e.thread_id or "", encode(e)) for e in journal]
+        )
+        await produce(
+            kafka_bootstrap, topics.summaries, [(e.thread_id or "", encode(e)) for e in summaries]
+        )
+        await eventually(lambda: len(drained.seen) == len(journal))
+
+        def gauge(name: str, topic: str) -> float | None:
+            values = [
+                metrics.registry.get_sample_value(
+                    "memstream_consumer_lag",
+                    {"group": runner.get(name).group_id, "topic": topic, "partition": str(p)},
+                )
+                for p in range(PARTITIONS)
+            ]
+            return None if None in values else sum(v for v in values if v is not None)
+
+        # a refresh after the drained group's commit reads 0 for it and 7 for the stuck one
+        await eventually(
+            lambda: gauge("drained", topics.journal) == 0 and gauge("stuck", topics.summaries) == 7
+        )
+        assert stuck.held.is_set()
+        # each group is read on its own topic only
+        assert gauge("drained", topics.summaries) is None
+        assert gauge("stuck", topics.journal) is None
+    finally:
+        await runner.stop()

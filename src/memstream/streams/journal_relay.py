@@ -55,7 +55,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from memstream.clock import Clock, SystemClock, epoch_ms
 from memstream.errors import InfraError, JournalError, JournalFenced
@@ -219,6 +219,12 @@ def erased_placeholder(env: Envelope) -> bytes:
     if env.type == "thread.deleted" and env.data.get("erased") is True:
         return encode(env)
     return placeholder(env.account_id, env.agent_id, env.thread_id or "", env.id, env.ts)
+
+
+NOTIFIED_RELAY_POLL_S: Final = 1.0
+"""The relay's poll where the journal writer notifies it of every durable batch
+(``Journal.on_durable``, as ``memstream up`` and ``memstream api`` wire it): a missed wake-up
+would only wait this long."""
 
 
 class JournalRelay:

@@ -248,7 +248,7 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
     from memstream.infra.kafka.admin import ensure_topics
     from memstream.infra.kafka.bus import Bus
     from memstream.infra.supervisor import supervise
-    from memstream.streams.journal_relay import JournalRelay
+    from memstream.streams.journal_relay import NOTIFIED_RELAY_POLL_S, JournalRelay
     from memstream.streams.outbox_relay import OutboxRelay
     from memstream.streams.runner import Runner
 
@@ -273,6 +273,10 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
             check_broker_log=True,
             keyring=svc.keyring,
             state=svc.loops.get("journal-relay"),
+            # the writer wakes the relay after every durable batch (the only way a seq is
+            # written), so the poll is only a safety net: at 20 ms it was most of an idle
+            # ``memstream up``'s journal work (two SlateDB scans, 50 times a second)
+            poll_interval=NOTIFIED_RELAY_POLL_S,
         )
         stack.journal.on_durable(relay.notify)
         await relay.start()
