@@ -21,6 +21,7 @@ import pytest
 from memstream.agents_ctx.memory import store as store_mod
 from memstream.agents_ctx.memory.store import MemoryService, _Fetched
 from memstream.clock import FixedClock
+from memstream.infra.postgres import keeps_session_state
 from memstream.schemas.events import decode, entry_of
 from memstream.schemas.records import Caller, MemoryEntry
 from tests.fixtures.binding import EVERY_AGENT_BOUND
@@ -121,6 +122,7 @@ async def test_plans_hold_without_statistics(pg_pool: asyncpg.Pool) -> None:
         c.agent_id,
     )
     async with pg_pool.acquire() as conn:
+        keeps_session_state(conn)
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         try:
             fetch_plan = "\n".join(

@@ -50,6 +50,7 @@ import orjson
 from memstream.agents_ctx.memory.outbox import OUTBOX_CHANNEL, unpublished_count
 from memstream.errors import InfraError, StoreUnavailable
 from memstream.infra.data_keys import Keyring, memory_scope
+from memstream.infra.postgres import keeps_session_state
 from memstream.schemas.topics import memory_key
 
 if TYPE_CHECKING:
@@ -194,6 +195,7 @@ class OutboxRelay:
         """Hold the relay lock (standby until it is free), then drain on every notification
         or poll tick, backing off while the bus is down. Runs until cancelled."""
         async with self._pool.acquire() as conn:
+            keeps_session_state(conn)
             while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _RELAY_LOCK):
                 await asyncio.sleep(self._poll)
             await conn.add_listener(OUTBOX_CHANNEL, self._notified)

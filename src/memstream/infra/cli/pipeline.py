@@ -221,8 +221,10 @@ async def hygiene_once(pool: asyncpg.Pool, clock: Clock) -> HygieneReport | None
     """Run one memory hygiene pass unless another process is running one (advisory lock,
     so with many ``memstream worker`` processes exactly one does the daily work)."""
     from memstream.agents_ctx.memory.hygiene import run_hygiene
+    from memstream.infra.postgres import keeps_session_state
 
     async with pool.acquire() as conn:
+        keeps_session_state(conn)
         if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", HYGIENE_LOCK):
             return None
         try:
