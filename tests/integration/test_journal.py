@@ -20,6 +20,7 @@ from memstream.infra.journal import (
     open_journal,
     open_journal_reader,
 )
+from memstream.infra.journal.reads import JournalReads
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.infra.tokenizer import count_message_tokens
@@ -230,6 +231,8 @@ async def test_group_commit_under_concurrency(journal: Journal) -> None:
     assert [s for s, _ in middle] == list(range(38, 88))
     assert [message_of(decode(raw)).seq for _, raw in middle] == list(range(38, 88))
     assert await journal.last_seq() == 200
+    # the writer's own count (no read) is what the log holds
+    assert await JournalReads.last_seq(journal) == 200
     assert batches <= 20, f"{batches} durable waits for 200 appends: no group commit"
 
 
@@ -265,6 +268,11 @@ async def test_fencing_second_writer_takes_over(
         assert [m.content for m in await new.last(T1, 10)] == ["before"]
         after = await new.append(T1, [user("after")])
         assert (after[0].offset, after[0].seq) == (1, 2)
+        # the fenced writer does not answer from its own stale count (1): it reads the log,
+        # which refuses it, as every read of a fenced writer does
+        with pytest.raises(JournalFenced):
+            await old.last_seq()
+        assert await new.last_seq() == await JournalReads.last_seq(new) == 2
     finally:
         await old.close()
         await new.close()

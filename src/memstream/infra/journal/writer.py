@@ -345,6 +345,18 @@ class Journal(JournalReads):
         if self._closing:
             raise JournalUnavailable("the journal writer is closed")
 
+    async def last_seq(self) -> int:
+        """The highest durable seq: the writer's own count (it assigned every seq, and
+        moves the count only once a batch is durable), with no read of the log. The relay
+        asks after every pass it is woken for; the scan it replaced was ~1.6% of a busy
+        ``memstream up``'s event loop. A writer that failed (fenced included) or is closing
+        reads the log as before (a fenced writer's read raises ``JournalFenced``); one fenced
+        but not yet told (no write since) answers its own count until its next write or
+        read of the log finds out, which the relay's next pass does."""
+        if self._broken is not None or self._closing:
+            return await super().last_seq()
+        return self._seq
+
     # --- writes --------------------------------------------------------------------------------
     async def append(self, ref: ThreadRef, messages: Sequence[NewMessage]) -> list[Message]:
         """Append messages to a thread; returns them with offset, id, seq, created_at and
