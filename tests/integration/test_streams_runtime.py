@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -99,18 +100,24 @@ async def eventually(check: object, timeout: float = 20.0) -> None:
             await asyncio.sleep(0.05)
 
 
+async def fresh_topics(bootstrap: str, data_dir: Path) -> tuple[Topics, Settings]:
+    """Topics of a prefix of their own on the broker, and settings naming them."""
+    topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
+    await ensure_topics(bootstrap, topics, PARTITIONS, 1)
+    settings = Settings(
+        kafka_bootstrap=bootstrap,
+        topic_prefix=topics.prefix,
+        partitions=PARTITIONS,
+        data_dir=data_dir,
+    )
+    return topics, settings
+
+
 @pytest.fixture(scope="module")
 async def pipeline(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Pipeline]:
-    topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
-    await ensure_topics(kafka_bootstrap, topics, PARTITIONS, 1)
-    settings = Settings(
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=topics.prefix,
-        partitions=PARTITIONS,
-        data_dir=tmp_path_factory.mktemp("streams"),
-    )
+    topics, settings = await fresh_topics(kafka_bootstrap, tmp_path_factory.mktemp("streams"))
     metrics = make_metrics()
     recorders = {"a": Recorder("a"), "b": Recorder("b"), "batch": Recorder("batch", batch_max=10)}
     runner = Runner(
@@ -472,14 +479,7 @@ async def test_the_lag_gauge_reads_every_hosted_group_in_one_refresh(
 ) -> None:
     """The runner's ``memstream_consumer_lag``: a group that drained its topic reads 0 and a
     stuck group on another topic reads what it has not committed, both from one refresh."""
-    topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
-    await ensure_topics(kafka_bootstrap, topics, PARTITIONS, 1)
-    settings = Settings(
-        kafka_bootstrap=kafka_bootstrap,
-        topic_prefix=topics.prefix,
-        partitions=PARTITIONS,
-        data_dir=tmp_path_factory.mktemp("lag-gauge"),
-    )
+    topics, settings = await fresh_topics(kafka_bootstrap, tmp_path_factory.mktemp("lag-gauge"))
     metrics = make_metrics()
     drained, stuck = Recorder("drained"), Holding("stuck", "summaries")
     runner = Runner(
