@@ -9,12 +9,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import obstore
 import pytest
 import redis.asyncio as aioredis
 from obstore.store import LocalStore, MemoryStore
 
 from memstream.errors import RetryableInfraError
-from memstream.infra.summary_store import SummaryStore
+from memstream.infra.summary_store import SummaryStore, thread_folder
 from memstream.schemas.records import Summary, ThreadRef
 
 
@@ -57,6 +58,8 @@ async def test_a_failed_listing_is_retryable(
     tmp_path: Path, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = SummaryStore(LocalStore(prefix=tmp_path, mkdir=True), redis_client)
+    # the thread has a folder, so the local check does not answer for it: the listing does
+    (tmp_path / thread_folder(ThreadRef("acc", "ag", "t1"))).mkdir(parents=True)
 
     def broken(*_: object, **__: object) -> object:
         raise OSError("the disk went away")
@@ -87,3 +90,28 @@ async def test_erase_keys_deletes_every_key_of_the_threads_and_no_other(
         assert await redis_client.exists(*(f"ms:{{{ref.key}}}:{n}" for n in names)) == len(names)
     assert await redis_client.exists("ms:stream:memstream-counters:next") == 1
     assert await store.erase_keys(erased) == 0  # idempotent
+
+
+async def test_a_local_folder_answers_new_threads_without_a_listing_and_finds_every_id(
+    tmp_path: Path, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a local folder a thread with no folder is answered by the file system; a thread
+    whose id needs quoting or hashing as a path segment is still found (its folder is the
+    segment as obstore writes it)."""
+    store = SummaryStore(LocalStore(prefix=tmp_path, mkdir=True), redis_client)
+    odd = ["a b", "t/1", "ünï", "50%", ".hidden", "~tilde", "x" * 300, "ok-1_2.3~"]
+    summarized = [ThreadRef(f"acc {i}", "ag/1", t) for i, t in enumerate(odd)]
+    new = [ThreadRef(f"acc {i}", "ag/1", t + "-new") for i, t in enumerate(odd)]
+    for ref in summarized:
+        await store.write(ref, summary(1, 9), 0)
+    listings: list[str] = []
+    real = obstore.list_with_delimiter
+
+    def counted(objects: object, prefix: str) -> object:
+        listings.append(prefix)
+        return real(objects, prefix)
+
+    monkeypatch.setattr(obstore, "list_with_delimiter", counted)
+    got = await store.stored_many(summarized + new)
+    assert [s.version if s else None for s in got] == [1] * len(odd) + [None] * len(odd)
+    assert len(listings) == len(odd)  # the summarized ones only: no listing for a new thread
