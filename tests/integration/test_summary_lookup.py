@@ -107,7 +107,7 @@ async def test_a_local_folder_answers_new_threads_without_a_listing_and_finds_ev
     listings: list[str] = []
     real = obstore.list_with_delimiter
 
-    def counted(objects: object, prefix: str) -> object:
+    def counted(objects: LocalStore, prefix: str) -> object:
         listings.append(prefix)
         return real(objects, prefix)
 
