@@ -62,14 +62,13 @@ async def test_a_plain_connection_is_released_without_a_reset_statement(
 async def test_a_lock_left_by_a_marked_connection_is_released_with_it(
     one_conn_pool: asyncpg.Pool, db: str
 ) -> None:
-    dsn = db
     async with one_conn_pool.acquire() as conn:
         keeps_session_state(conn)
         assert await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK)
         await conn.execute("SET lock_timeout = '1234ms'")
-        assert not await _lock_free(dsn)
+        assert not await _lock_free(db)
         # released without the unlock nor the RESET: a cancelled finally block, say
-    assert await _lock_free(dsn)
+    assert await _lock_free(db)
     async with one_conn_pool.acquire() as conn:
         assert await conn.fetchval("SHOW lock_timeout") == "0"
         assert conn.get_reset_query() == ""  # fully reset once, then plain again

@@ -12,8 +12,8 @@ against 6.7k a second at concurrency 1; ~180 against ~100 µs of CPU each). Our 
 keep no session state, except the few that take a session's advisory lock, ``LISTEN`` or
 ``SET`` something; those call :func:`keeps_session_state` on their connection, and only such
 a connection is reset that way (:class:`PooledConnection`). An open transaction is rolled
-back on release either way, as asyncpg does; ``tests/unit/test_pg_session_state.py`` finds
-any statement of ``src`` that keeps session state without the call.
+back on release either way, as asyncpg does; ``tests/unit/test_pg_session_state_scan.py``
+finds any statement of ``src`` that keeps session state without the call.
 """
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ from memstream.infra.data_keys import Keyring
 from memstream.infra.metrics import Metrics
 from memstream.infra.settings import Settings
 from memstream.infra.supervisor import LoopStates
-from memstream.schemas.topics import Topics
 from memstream.streams.consumer import ProcessorConsumer
 from memstream.streams.coverage import CoverageStore
 from memstream.streams.lag import consumer_lag
@@ -251,7 +250,6 @@ class Runner:
         await self.stop()
 
     async def _refresh_lag(self, interval: float) -> None:
-        topics = Topics(self.settings.topic_prefix)
         while True:
             await asyncio.sleep(interval)
             hosted = list(self._hosted)
@@ -261,10 +259,10 @@ class Runner:
                 # every hosted group in one read: one consumer and one admin client a
                 # refresh, not two per processor (each bootstraps, looks up the broker's
                 # API versions and reads metadata: ~2% of a busy loop, most of an idle one's
-                # Kafka work, with the eight processors of ``memstream up``)
+                # Kafka work, with the processors of ``memstream up``)
                 groups: dict[str, list[str]] = {}
                 for h in hosted:
-                    groups.setdefault(h.group_id, []).append(topics.prefix + h.processor.topic)
+                    groups.setdefault(h.group_id, []).append(h.input_topic)
                 rows = await consumer_lag(
                     self._bootstrap,
                     groups,
