@@ -168,3 +168,76 @@ async def test_metrics_name_the_route_template(both: Clients, api_stack: ApiStac
     await both[0].post(messages(f"m{next(_ids)}"), json={"role": "user", "content": "x"}, headers=h)
     await both[0].post(messages("m"), json={"role": "nobody"}, headers=h)
     assert (count("201"), count("400")) == (before[0] + 1, before[1] + 1)
+
+
+async def test_the_request_id_is_echoed_or_replaced_alike(
+    both: Clients, api_stack: ApiStack
+) -> None:
+    h = api_stack.headers(user="alice")
+    body = {"role": "user", "content": "x"}
+    for given, echoed in (("req-7", True), ("a\x01b", False), ("r" * 129, False)):
+        for client in both:
+            r = await client.post(
+                messages(f"r{next(_ids)}"), json=body, headers={**h, "X-Request-Id": given}
+            )
+            assert r.status_code == 201
+            rid = r.headers["x-request-id"]
+            if echoed:
+                assert rid == given
+            else:  # an id that cannot be echoed or logged is replaced by a fresh one
+                assert rid != given and len(rid) == 32 and int(rid, 16) >= 0
+    hot = [
+        (await both[0].post(messages(f"r{next(_ids)}"), json=body, headers=h)).headers[
+            "x-request-id"
+        ]
+        for _ in range(2)
+    ]
+    assert hot[0] != hot[1]
+
+
+async def test_a_failure_no_handler_claims_is_a_json_500_counted_once(
+    api_stack: ApiStack, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ``ServerErrorMiddleware`` does for FastAPI, the hot path does for itself: the
+    app's 500 answer (JSON, logged), then the exception on to the server."""
+    svc = api_stack.services
+    svc.metrics = Metrics()
+    template = "/v1/agents/{agent_id}/threads/{thread_id}/messages"
+
+    def count500() -> float:
+        assert svc.metrics is not None
+        value = svc.metrics.registry.get_sample_value(
+            "memstream_http_requests_total", {"method": "POST", "route": template, "status": "500"}
+        )
+        return value or 0.0
+
+    async def broken(*_: object) -> None:
+        raise RuntimeError("the disk caught fire")
+
+    monkeypatch.setattr(svc.threads, "open", broken)
+    h = api_stack.headers(user="alice")
+    try:
+        answers = []
+        for hot in (True, False):
+            app = create_app(svc, hot_routes=hot)
+            quiet = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=quiet, base_url="http://t") as c:
+                before = count500()
+                caplog.clear()
+                r = await c.post(messages("fire"), json={"role": "user", "content": "x"}, headers=h)
+                assert count500() == before + 1
+                assert [rec for rec in caplog.records if "failed" in rec.getMessage()]
+                answers.append(r)
+            loud = httpx.ASGITransport(app=app)  # the server sees the exception, as before
+            async with httpx.AsyncClient(transport=loud, base_url="http://t") as c:
+                with pytest.raises(RuntimeError, match="caught fire"):
+                    await c.post(messages("fire"), json={"role": "user", "content": "x"}, headers=h)
+        hot_r, plain_r = answers
+        assert hot_r.status_code == plain_r.status_code == 500
+        assert hot_r.json() == plain_r.json() == {
+            "error": {"code": "internal", "message": "internal error"}
+        }
+        assert hot_r.headers["content-type"] == plain_r.headers["content-type"]
+        assert len(hot_r.headers["x-request-id"]) == 32  # the 500 carries the request id too
+    finally:
+        svc.metrics = None

@@ -5,8 +5,9 @@ Routers are included here, one per area. ``/livez`` is liveness (the process ans
 usable now, else 503 naming the failing parts (``services.readiness``, see
 ``infra/readiness.py``); ``/metrics`` serves the one Prometheus registry.
 Bodies over ``MAX_REQUEST_BYTES`` are refused with 413, chunked or not (``BodyLimit``).
-The append and context routes are served by ``HotRoutes`` (pure ASGI, the same handlers)
-without FastAPI's routing and dependency solving; FastAPI still documents them.
+The append and context routes are served by ``HotRoutes`` (pure ASGI, the same handlers),
+put in front of FastAPI's whole middleware stack by :class:`MemstreamAPI`: no routing,
+dependency solving or middleware frames of FastAPI's; FastAPI still documents them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from memstream import __version__
 from memstream.agents_ctx import console
@@ -53,10 +55,27 @@ _NO_NATIVE_TELEMETRY: dict[str, Any] = (
 )
 
 
+class MemstreamAPI(FastAPI):
+    """FastAPI with ``HotRoutes`` in front of its middleware stack (when ``hot`` is set)."""
+
+    hot: bool = False
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        if not self.hot:
+            return stack
+        return HotRoutes(
+            stack,
+            services=self.state.services,
+            exception_handlers=self.exception_handlers,
+            max_body_bytes=MAX_REQUEST_BYTES,
+        )
+
+
 def create_app(services: Services, *, hot_routes: bool = True) -> FastAPI:
     """The API over ``services``. ``hot_routes=False`` serves every route through FastAPI
     alone (the tests compare both ways; the answers must not differ)."""
-    app = FastAPI(
+    app = MemstreamAPI(
         title="memstream",
         version=__version__,
         description="Memory for LLM agents: thread memory, agent memory, transcript search.",
@@ -67,8 +86,7 @@ def create_app(services: Services, *, hot_routes: bool = True) -> FastAPI:
     errors.install(app)
     contract.install(app)
 
-    if hot_routes:  # innermost: the per-turn routes without FastAPI's routing (hot_routes.py)
-        app.add_middleware(HotRoutes, services=services, exception_handlers=app.exception_handlers)
+    app.hot = hot_routes  # the per-turn routes in front of the stack below (hot_routes.py)
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BYTES)
     app.add_middleware(Observe, services=services)  # outermost: sees every answer
 

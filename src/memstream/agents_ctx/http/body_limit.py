@@ -5,7 +5,8 @@ body without one (``Transfer-Encoding: chunked``) is counted as it streams in: t
 that crosses the limit raises :class:`~memstream.errors.BodyTooLarge` from ``receive``, so
 the route, which reads its whole body before acting, never sees a partial body and stores
 nothing; the error is answered 413 with the usual error body. Pure ASGI (no
-``BaseHTTPMiddleware``), so it costs one header lookup per request.
+``BaseHTTPMiddleware``), so it costs one header lookup per request. ``HotRoutes`` applies the
+same rule to the per-turn routes through :func:`declared_length` and :func:`too_large`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,23 @@ from memstream.agents_ctx.http.errors import error_response
 from memstream.errors import BodyTooLarge
 
 
+def declared_length(value: bytes) -> int | None:
+    """A ``Content-Length`` header's value as a length, None if it is not one. Pure."""
+    return int(value) if value.isdigit() else None
+
+
+def too_large(max_bytes: int) -> BodyTooLarge:
+    """The refusal of a body over ``max_bytes``: it names the field ``body``."""
+    return BodyTooLarge(f"the body must be at most {max_bytes} bytes", field="body")
+
+
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
     def _too_large(self) -> BodyTooLarge:
-        return BodyTooLarge(f"the body must be at most {self.max_bytes} bytes", field="body")
+        return too_large(self.max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -31,7 +42,7 @@ class BodyLimit:
         declared: int | None = None
         for name, value in scope["headers"]:
             if name == b"content-length":
-                declared = int(value) if value.isdigit() else None
+                declared = declared_length(value)
                 break
         if declared is not None:
             if declared > self.max_bytes:

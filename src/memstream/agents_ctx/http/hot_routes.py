@@ -1,4 +1,4 @@
-"""``HotRoutes``: the per-turn routes served as pure ASGI, beside FastAPI.
+"""``HotRoutes``: the per-turn routes served as pure ASGI, in front of FastAPI's stack.
 
 An agent runtime calls two routes on every turn: ``POST .../threads/{tid}/messages`` (the
 append) and ``GET .../threads/{tid}/context``. Through FastAPI each request pays for route
@@ -7,26 +7,37 @@ header parameters validated by pydantic, the path parameters, ``Request`` inject
 ``AsyncExitStack`` scopes: ~0.3-0.6 ms of CPU per request on this machine, more than the
 route's own work for an append (profile in ``docs/operations.md``).
 
-This middleware recognises exactly those two (method, path) shapes by splitting the path
-and calls the **same** handlers the FastAPI routes call (``threads_routes.append``,
-``context_routes.answer``) with the caller from the same ``deps.authenticate``; any other
-request, and any shape it does not recognise (a trailing slash, an empty segment, ``HEAD``,
-a ``root_path``), goes to FastAPI untouched. So the two paths cannot drift: what differs is
-only who parses the path and the headers.
+This layer recognises exactly those two (method, path) shapes by splitting the path and
+calls the **same** handlers the FastAPI routes call (``threads_routes.append_from_request``,
+``context_routes.answer_from_request``) with the caller from the same
+``deps.authenticate``; any other request, and any shape it does not recognise (a trailing
+slash, an empty segment, ``HEAD``, a ``root_path``), goes to FastAPI's stack untouched. So
+the two paths cannot drift: what differs is only who parses the path and the headers.
 
-Guarantees kept: the routes stay in the OpenAPI document (FastAPI still owns them); the
-metrics' ``route`` label is the FastAPI route's template (``scope["route"]`` is set to it);
-an error is answered by the app's own exception handler for its class, exactly as
-Starlette's ``ExceptionMiddleware`` would (a ``MemstreamError`` names its field, a store
-outage is a 503 with ``Retry-After``); an exception no specific handler claims is re-raised
-to ``ServerErrorMiddleware``, which answers the JSON 500 and logs it, as for any route. It is
-installed inside ``Observe`` and ``BodyLimit``, so request ids, the access log, metrics and
-the body limit apply as before.
+It is the **outermost** layer of the app's middleware stack (``app.MemstreamAPI``), so a hot
+request resumes through one coroutine frame instead of seven (``ServerErrorMiddleware``,
+FastAPI's telemetry and body-limit wrappers, ``Observe``, ``BodyLimit``, this, the handler):
+it does their jobs itself, with their own pieces, in one pass over the headers:
+
+- the request id, the metrics and the access line as ``Observe`` does
+  (``observe.usable_id``, ``new_request_id``, a ``Recorder``); the ``x-request-id`` header
+  goes on every answer, a 500 included;
+- the body limit as ``BodyLimit`` does: a declared length over the limit is refused before
+  anything is read, an undeclared one is counted as it streams in (``body_limit.too_large``);
+- errors: each is answered by the app's own exception handler for its class, exactly as
+  Starlette's ``ExceptionMiddleware`` picks it (a ``MemstreamError`` names its field, a store
+  outage is a 503 with ``Retry-After``); one no specific handler claims is answered by the
+  app's 500 handler (a JSON ``internal`` error, logged) and then re-raised to the server, as
+  ``ServerErrorMiddleware`` does.
+
+The routes stay in the OpenAPI document (FastAPI still owns them) and the metrics' ``route``
+label is the FastAPI route's template (``scope["route"]`` is set to it).
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -34,11 +45,15 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memstream.agents_ctx.http import context_routes, threads_routes
+from memstream.agents_ctx.http.body_limit import declared_length, too_large
 from memstream.agents_ctx.http.deps import authenticate
+from memstream.agents_ctx.http.errors import error_response
+from memstream.agents_ctx.http.observe import Recorder, new_request_id, usable_id
 from memstream.agents_ctx.services import Services
+from memstream.infra.logs import request_id
 from memstream.schemas.records import Caller
 
 Handler = Callable[[Services, Caller, str, Request], Awaitable[Response]]
@@ -76,20 +91,49 @@ def match(method: str, path: str) -> tuple[str, str, str] | None:
     return parts[3], parts[5], parts[6]
 
 
+_WANTED = frozenset(
+    (
+        b"authorization",
+        b"x-memstream-user",
+        b"x-memstream-user-token",
+        b"x-request-id",
+        b"content-length",
+    )
+)
+
+
+def headers_of(raw: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """The headers the hot routes read, each its first occurrence (as Starlette's
+    ``Headers.get`` answers), from one pass over the raw list. Pure."""
+    got: dict[bytes, bytes] = {}
+    for name, value in raw:
+        if name in _WANTED and name not in got:
+            got[name] = value
+    return got
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
 class HotRoutes:
-    """Pure ASGI: serve the hot routes without FastAPI's routing and dependency solving."""
+    """Pure ASGI in front of FastAPI's stack: serve the hot routes without it."""
 
     def __init__(
         self,
         app: ASGIApp,
         services: Services,
         exception_handlers: Mapping[Any, ExceptionHandler],
+        max_body_bytes: int,
     ) -> None:
-        """``exception_handlers``: the app's handlers by exception class (read per error,
-        so handlers installed after this middleware count)."""
+        """``app``: FastAPI's middleware stack, for every other request.
+        ``exception_handlers``: the app's handlers by exception class (read per error, so
+        handlers installed after this layer count). ``max_body_bytes``: ``BodyLimit``'s."""
         self.app = app
         self.services = services
         self._handlers = exception_handlers
+        self._max_body = max_body_bytes
+        self._recorder = Recorder(services)
         self._routes: dict[str, BaseRoute] = {
             r.path: r
             for r in (*threads_routes.router.routes, *context_routes.router.routes)
@@ -108,31 +152,78 @@ class HotRoutes:
         template, handler = _ROUTES[(scope["method"], last)]
         route = self._routes.get(template)
         if route is not None:
-            scope["route"] = route  # Observe labels metrics by the route's template
+            scope["route"] = route  # metrics are labelled by the route's template
         scope["path_params"] = {"agent_id": agent_id, "thread_id": thread_id}
-        request = Request(scope, receive, send)
+        headers = headers_of(scope["headers"])
+        given = headers.get(b"x-request-id")
+        rid = (usable_id(given) if given is not None else None) or new_request_id()
+        token = request_id.set(rid)
+        status = 500
+        started = time.perf_counter()
         try:
-            headers = request.headers
-            caller = await authenticate(
-                self.services,
-                agent_id,
-                headers.get("authorization"),
-                headers.get("x-memstream-user"),
-                headers.get("x-memstream-user-token"),
-            )
-            response = await handler(self.services, caller, thread_id, request)
-        except Exception as exc:
-            on_error = self._handler_for(exc)
-            if on_error is None:
-                raise  # ServerErrorMiddleware answers the JSON 500 and logs it
-            answered = on_error(request, exc)
-            response = await answered if inspect.isawaitable(answered) else answered
-        await response(scope, receive, send)
+            length = headers.get(b"content-length")
+            declared = declared_length(length) if length is not None else None
+            if declared is None:
+                receive = self._counted(receive)
+            request = Request(scope, receive, send)
+            try:
+                if declared is not None and declared > self._max_body:
+                    raise too_large(self._max_body)
+                caller = await authenticate(
+                    self.services,
+                    agent_id,
+                    _text(headers.get(b"authorization")),
+                    _text(headers.get(b"x-memstream-user")),
+                    _text(headers.get(b"x-memstream-user-token")),
+                )
+                response = await handler(self.services, caller, thread_id, request)
+            except Exception as exc:
+                on_error = self._handler_for(exc)
+                if on_error is not None:
+                    answered = on_error(request, exc)
+                    response = await answered if inspect.isawaitable(answered) else answered
+                else:  # what ServerErrorMiddleware does: the 500 answer, then on to the server
+                    response = await self._internal(request, exc)
+                    status = response.status_code
+                    response.raw_headers.append((b"x-request-id", rid.encode("latin-1")))
+                    await response(scope, receive, send)
+                    raise
+            status = response.status_code
+            response.raw_headers.append((b"x-request-id", rid.encode("latin-1")))
+            await response(scope, receive, send)
+        finally:
+            elapsed = time.perf_counter() - started
+            request_id.reset(token)
+            self._recorder.record(scope, status, elapsed, rid)
+
+    def _counted(self, receive: Receive) -> Receive:
+        """``receive`` counting an undeclared body as it streams in: the chunk that crosses
+        the limit raises, so the route never sees a partial body."""
+        seen = 0
+
+        async def counted_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self._max_body:
+                    raise too_large(self._max_body)
+            return message
+
+        return counted_receive
+
+    async def _internal(self, request: Request, exc: Exception) -> Response:
+        """The app's own 500 answer (``errors.install``: JSON ``internal``, logged)."""
+        handler = self._handlers.get(Exception) or self._handlers.get(500)
+        if handler is None:
+            return error_response(500, "internal", "internal error")
+        answered = handler(request, exc)
+        return await answered if inspect.isawaitable(answered) else answered
 
     def _handler_for(self, exc: Exception) -> ExceptionHandler | None:
         """The app's handler for ``exc``'s class (nearest in its MRO), as Starlette's
-        ``ExceptionMiddleware`` picks it; the catch-all ``Exception`` handler is left to
-        ``ServerErrorMiddleware``, where Starlette puts it."""
+        ``ExceptionMiddleware`` picks it; the catch-all ``Exception`` handler is
+        ``ServerErrorMiddleware``'s, where Starlette puts it (:meth:`_internal`)."""
         for cls in type(exc).__mro__:
             if cls is Exception:
                 return None

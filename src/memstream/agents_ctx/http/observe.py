@@ -14,13 +14,15 @@ Per HTTP request it:
 
 Cheap by construction: no request/response objects, one ``perf_counter`` pair, label
 children cached per (method, route, status). Streaming answers are timed to their last byte.
+``HotRoutes`` serves the per-turn routes outside this middleware and does the same through
+:func:`usable_id`, :func:`new_request_id` and a :class:`Recorder` of its own.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,13 +37,22 @@ access_log = logging.getLogger("memstream.access")
 _MAX_ID = 128
 
 
+def usable_id(value: bytes) -> str | None:
+    """A caller's ``X-Request-Id`` if it can be echoed and logged (printable, 1-128
+    characters), else None (a fresh id replaces it). Pure."""
+    rid = value.decode("latin-1")
+    return rid if 0 < len(rid) <= _MAX_ID and rid.isprintable() else None
+
+
+def new_request_id() -> str:
+    """A fresh request id: 32 random hex digits (a uuid4's length, without building one)."""
+    return os.urandom(16).hex()
+
+
 def _incoming_id(scope: Scope) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
-            rid: str = value.decode("latin-1")
-            if 0 < len(rid) <= _MAX_ID and rid.isprintable():
-                return rid
-            return None
+            return usable_id(value)
     return None
 
 
@@ -53,38 +64,15 @@ def _route(scope: Scope) -> str:
     return "unmatched"
 
 
-class Observe:
-    def __init__(self, app: ASGIApp, services: Services) -> None:
-        self.app = app
+class Recorder:
+    """The metrics and the access line of one answered request."""
+
+    def __init__(self, services: Services) -> None:
         self.services = services  # metrics read per request: a container may gain them later
         self._for: Metrics | None = None
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        rid = _incoming_id(scope) or uuid.uuid4().hex
-        token = request_id.set(rid)
-        status = 500
-        header = (b"x-request-id", rid.encode("latin-1"))
-
-        async def send_observed(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", ()), header]
-            await send(message)
-
-        started = time.perf_counter()
-        try:
-            await self.app(scope, receive, send_observed)
-        finally:
-            elapsed = time.perf_counter() - started
-            request_id.reset(token)
-            self._record(scope, status, elapsed, rid)
-
-    def _record(self, scope: Scope, status: int, elapsed: float, rid: str) -> None:
+    def record(self, scope: Scope, status: int, elapsed: float, rid: str) -> None:
         method: str = scope["method"]
         route = _route(scope)
         metrics = self.services.metrics
@@ -119,3 +107,33 @@ class Observe:
                     "request_id": rid,
                 },
             )
+
+
+class Observe:
+    def __init__(self, app: ASGIApp, services: Services) -> None:
+        self.app = app
+        self.recorder = Recorder(services)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = _incoming_id(scope) or new_request_id()
+        token = request_id.set(rid)
+        status = 500
+        header = (b"x-request-id", rid.encode("latin-1"))
+
+        async def send_observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_observed)
+        finally:
+            elapsed = time.perf_counter() - started
+            request_id.reset(token)
+            self.recorder.record(scope, status, elapsed, rid)
