@@ -234,9 +234,11 @@ async def test_a_failure_no_handler_claims_is_a_json_500_counted_once(
                     await c.post(messages("fire"), json={"role": "user", "content": "x"}, headers=h)
         hot_r, plain_r = answers
         assert hot_r.status_code == plain_r.status_code == 500
-        assert hot_r.json() == plain_r.json() == {
-            "error": {"code": "internal", "message": "internal error"}
-        }
+        assert (
+            hot_r.json()
+            == plain_r.json()
+            == {"error": {"code": "internal", "message": "internal error"}}
+        )
         assert hot_r.headers["content-type"] == plain_r.headers["content-type"]
         assert len(hot_r.headers["x-request-id"]) == 32  # the 500 carries the request id too
     finally:
