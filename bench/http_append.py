@@ -25,10 +25,11 @@ Run: ``python bench/http_append.py [--clients 64] [--per-client 40] [--rounds 4]
 Every round runs every path (append and healthz on each server, in-process), in an order
 rotating by round, so a busy stretch of the shared machine hits all alike; before each path
 the servers are let go quiet (the pipeline digesting earlier appends: relay, processors,
-embedder), so that work is charged to no later path. It prints
-appends/s, p50/p99, the server process's CPU per request, the group-commit batch size the
-server's journal reached (from its ``/metrics``), the ratios (append / in-process, append /
-healthz) and the load average.
+embedder), so that work is charged to no later path. It prints appends/s, p50/p99, the
+server process's CPU per request and that of its whole process tree (``memstream up`` with
+its broker, Postgres, Valkey and index children: what the machine pays), the group-commit
+batch size the server's journal reached (from its ``/metrics``), the ratios (append /
+in-process, append / healthz) and the load average.
 """
 
 from __future__ import annotations
@@ -283,6 +284,13 @@ class Up:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def tree_cpu(self) -> float:
+        """CPU seconds so far of ``memstream up`` and every live process under it (the
+        broker, Postgres and its backends, Valkey, the index children): what the whole
+        server costs the machine. A process that exited meanwhile is not counted."""
+        assert self.proc is not None
+        return sum(cpu for _, cpu in _descendants(self.proc.pid).values())
+
     def batches(self) -> tuple[float, float]:
         """(group commits, messages committed) from the server's /metrics."""
         import urllib.request
@@ -308,6 +316,30 @@ class Up:
         """Stop the server and everything in its process group (idempotent)."""
         if self.proc is not None:
             stop_group([self.proc])
+
+
+def _descendants(root: int) -> dict[int, tuple[int, float]]:
+    """``{pid: (parent pid, CPU seconds)}`` of ``root`` and every live process under it."""
+    procs: dict[int, tuple[int, float]] = {}
+    tck = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited between the listing and the read
+        procs[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tck)
+    keep = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (parent, _) in procs.items():
+            if parent in keep and pid not in keep:
+                keep.add(pid)
+                grew = True
+    return {pid: procs[pid] for pid in keep if pid in procs}
 
 
 class Load:
@@ -395,6 +427,7 @@ class Path_:
     rates: list[float] = field(default_factory=list)
     lat: list[float] = field(default_factory=list)
     server_cpu: float = 0.0
+    tree_cpu: float = 0.0
     client_cpu: float = 0.0
     n: int = 0
     xacts: int = 0
@@ -498,16 +531,16 @@ async def main(args: argparse.Namespace, work: Path, servers: list[Up], loads: l
                 if srv is None:
                     b0 = (journal.stats.batches, journal.stats.messages)
                     rate, lat = await _in_process(journal, args.clients, args.per_client, seq)
-                    cpu_s = client_s = 0.0
+                    cpu_s = tree_s = client_s = 0.0
                     xacts = 0
                     b1 = (journal.stats.batches, journal.stats.messages)
                 else:
                     b0, x0 = srv.batches(), srv.pg_transactions()
-                    c0 = srv.cpu()
+                    c0, t0 = srv.cpu(), srv.tree_cpu()
                     rate, lat, client_s = await asyncio.to_thread(
                         load.run, srv.port, kind, srv.key, args.per_client, seq
                     )
-                    cpu_s = srv.cpu() - c0
+                    cpu_s, tree_s = srv.cpu() - c0, srv.tree_cpu() - t0
                     b1, xacts = srv.batches(), srv.pg_transactions() - x0
                 seq += args.per_client
                 if r == 0:
@@ -515,6 +548,7 @@ async def main(args: argparse.Namespace, work: Path, servers: list[Up], loads: l
                 p.rates.append(rate)
                 p.lat += lat
                 p.server_cpu += cpu_s
+                p.tree_cpu += tree_s
                 p.client_cpu += client_s
                 p.n += len(lat)
                 p.xacts += xacts
@@ -532,14 +566,15 @@ async def main(args: argparse.Namespace, work: Path, servers: list[Up], loads: l
     )
     print(
         f"{'path':<16} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'srv CPU ms':>10} "
-        f"{'cli CPU ms':>10} {'msgs/commit':>11} {'pg xact/req':>11}"
+        f"{'tree CPU ms':>11} {'cli CPU ms':>10} {'msgs/commit':>11} {'pg xact/req':>11}"
     )
     for name, p in paths.items():
         per_commit = f"{p.messages / p.batches:11.1f}" if p.batches else f"{'':>11}"
         print(
             f"{name:<16} {statistics.median(p.rates):7.0f} {_pct(p.lat, 0.5):7.1f} "
             f"{_pct(p.lat, 0.99):7.1f} {p.server_cpu / p.n * 1e3:10.3f} "
-            f"{p.client_cpu / p.n * 1e3:10.3f} {per_commit} {p.xacts / p.n:11.3f}"
+            f"{p.tree_cpu / p.n * 1e3:11.3f} {p.client_cpu / p.n * 1e3:10.3f} {per_commit} "
+            f"{p.xacts / p.n:11.3f}"
         )
     if load.unready:
         print(f"/healthz answered 503 (a part not ready) {load.unready} times")
