@@ -21,7 +21,7 @@ children cached per (method, route, status). Streaming answers are timed to thei
 from __future__ import annotations
 
 import logging
-import os
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +45,11 @@ def usable_id(value: bytes) -> str | None:
 
 
 def new_request_id() -> str:
-    """A fresh request id: 32 random hex digits (a uuid4's length, without building one)."""
-    return os.urandom(16).hex()
+    """A fresh request id: 32 random hex digits (a uuid4's length). An id must be unique,
+    not secret, so it comes from ``random`` (seeded from the OS, reseeded in a forked
+    child): no ``uuid.UUID`` built and no ``getrandom`` system call per request (each
+    was ~2% of a busy loop in a profile of ``memstream up``)."""
+    return f"{random.getrandbits(128):032x}"  # noqa: S311 - an id, not a secret
 
 
 def _incoming_id(scope: Scope) -> str | None:

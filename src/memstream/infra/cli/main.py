@@ -129,6 +129,11 @@ def setup_logging(verbose: bool, log_format: str = "text", access_log: bool = Fa
     if log_format not in ("text", "json"):
         raise typer.BadParameter("--log-format must be text or json")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    # Our formats print neither thread nor process: a record need not look them up (the
+    # access log makes one per request; 2.5 -> 1.7 µs a record).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    if sys.version_info >= (3, 12):
+        logging.logAsyncioTasks = False
     root = logging.getLogger()
     for handler in writing_handlers(root):
         handler.setFormatter(formatter("json" if log_format == "json" else "text"))
