@@ -12,6 +12,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import orjson
+import pytest
 import pytest_asyncio
 import uvicorn
 
@@ -20,12 +21,15 @@ from memstream.schemas.records import ThreadRef
 from tests.fixtures.api import ApiStack
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def server_port(api_stack: ApiStack) -> AsyncIterator[int]:
+@pytest_asyncio.fixture(loop_scope="session", params=[True, False], ids=["hot", "fastapi"])
+async def server_port(api_stack: ApiStack, request: pytest.FixtureRequest) -> AsyncIterator[int]:
+    """A real server of the app; the append route served by ``HotRoutes`` (its own count
+    of the body) or by FastAPI behind ``BodyLimit``."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(api_stack.services), log_level="warning", lifespan="off")
+    app = create_app(api_stack.services, hot_routes=request.param)
+    config = uvicorn.Config(app, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

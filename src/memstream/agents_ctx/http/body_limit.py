@@ -27,6 +27,24 @@ def too_large(max_bytes: int) -> BodyTooLarge:
     return BodyTooLarge(f"the body must be at most {max_bytes} bytes", field="body")
 
 
+def counted(receive: Receive, max_bytes: int) -> Receive:
+    """``receive`` counting a body as it streams in: the chunk that crosses ``max_bytes``
+    raises :func:`too_large`, so the route, which reads its whole body before acting,
+    never sees a partial body."""
+    seen = 0
+
+    async def counted_receive() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > max_bytes:
+                raise too_large(max_bytes)
+        return message
+
+    return counted_receive
+
+
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -53,17 +71,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
 
-        seen = 0
         started = False
-
-        async def counted_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise self._too_large()
-            return message
 
         async def tracked_send(message: Message) -> None:
             nonlocal started
@@ -72,7 +80,7 @@ class BodyLimit:
             await send(message)
 
         try:
-            await self.app(scope, counted_receive, tracked_send)
+            await self.app(scope, counted(receive, self.max_bytes), tracked_send)
         except BodyTooLarge as exc:
             # Raised where no exception handler answered it (e.g. a raw ASGI endpoint).
             if started:

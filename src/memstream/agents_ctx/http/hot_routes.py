@@ -45,10 +45,10 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memstream.agents_ctx.http import context_routes, threads_routes
-from memstream.agents_ctx.http.body_limit import declared_length, too_large
+from memstream.agents_ctx.http.body_limit import counted, declared_length, too_large
 from memstream.agents_ctx.http.deps import authenticate
 from memstream.agents_ctx.http.errors import error_response
 from memstream.agents_ctx.http.observe import Recorder, new_request_id, usable_id
@@ -164,7 +164,7 @@ class HotRoutes:
             length = headers.get(b"content-length")
             declared = declared_length(length) if length is not None else None
             if declared is None:
-                receive = self._counted(receive)
+                receive = counted(receive, self._max_body)
             request = Request(scope, receive, send)
             try:
                 if declared is not None and declared > self._max_body:
@@ -195,22 +195,6 @@ class HotRoutes:
             elapsed = time.perf_counter() - started
             request_id.reset(token)
             self._recorder.record(scope, status, elapsed, rid)
-
-    def _counted(self, receive: Receive) -> Receive:
-        """``receive`` counting an undeclared body as it streams in: the chunk that crosses
-        the limit raises, so the route never sees a partial body."""
-        seen = 0
-
-        async def counted_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self._max_body:
-                    raise too_large(self._max_body)
-            return message
-
-        return counted_receive
 
     async def _internal(self, request: Request, exc: Exception) -> Response:
         """The app's own 500 answer (``errors.install``: JSON ``internal``, logged)."""
