@@ -23,7 +23,7 @@ it does their jobs itself, with their own pieces, in one pass over the headers:
   (``observe.usable_id``, ``new_request_id``, a ``Recorder``); the ``x-request-id`` header
   goes on every answer, a 500 included;
 - the body limit as ``BodyLimit`` does: a declared length over the limit is refused before
-  anything is read, an undeclared one is counted as it streams in (``body_limit.too_large``);
+  anything is read, an undeclared one is counted as it streams in (``body_limit.counted``);
 - errors: each is answered by the app's own exception handler for its class, exactly as
   Starlette's ``ExceptionMiddleware`` picks it (a ``MemstreamError`` names its field, a store
   outage is a 503 with ``Retry-After``); one no specific handler claims is answered by the
@@ -166,6 +166,7 @@ class HotRoutes:
             if declared is None:
                 receive = counted(receive, self._max_body)
             request = Request(scope, receive, send)
+            unclaimed: Exception | None = None
             try:
                 if declared is not None and declared > self._max_body:
                     raise too_large(self._max_body)
@@ -179,18 +180,15 @@ class HotRoutes:
                 response = await handler(self.services, caller, thread_id, request)
             except Exception as exc:
                 on_error = self._handler_for(exc)
-                if on_error is not None:
-                    answered = on_error(request, exc)
-                    response = await answered if inspect.isawaitable(answered) else answered
-                else:  # what ServerErrorMiddleware does: the 500 answer, then on to the server
-                    response = await self._internal(request, exc)
-                    status = response.status_code
-                    response.raw_headers.append((b"x-request-id", rid.encode("latin-1")))
-                    await response(scope, receive, send)
-                    raise
+                if on_error is None:  # as ServerErrorMiddleware: the 500, then to the server
+                    unclaimed, on_error = exc, self._internal
+                answered = on_error(request, exc)
+                response = await answered if inspect.isawaitable(answered) else answered
             status = response.status_code
             response.raw_headers.append((b"x-request-id", rid.encode("latin-1")))
             await response(scope, receive, send)
+            if unclaimed is not None:
+                raise unclaimed
         finally:
             elapsed = time.perf_counter() - started
             request_id.reset(token)
