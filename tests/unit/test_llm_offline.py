@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memstream.infra.llm import ExtractiveSummaryModel, RuleFactExtractor
-from memstream.infra.llm.facts import extract_facts
+from memstream.infra.llm.facts import RULES, extract_facts
 from memstream.infra.llm.openai_models import fit_budget, parse_facts
-from memstream.infra.llm.summary import extractive_summary
+from memstream.infra.llm.summary import _states_fact, extractive_summary
 from memstream.infra.tokenizer import count_tokens
 from memstream.schemas.records import Message, Role
 
@@ -51,6 +53,70 @@ def test_summary_respects_the_token_budget(budget: int) -> None:
     assert count_tokens(text) <= budget
     if budget >= 5:
         assert text  # something always fits, even if truncated
+
+
+_FACT_WORDS = [
+    "my name is",
+    "call me",
+    "i live in",
+    "i'm based in",
+    "i work at",
+    "i am working for",
+    "i really prefer",
+    "my favourite",
+    "my favorite color is",
+    "please remember that",
+    "remember that",
+    "we use",
+    "we're using",
+    "we rely on",
+    "our project",
+    "our team",
+    "Ada",
+    "London",
+    "tea",
+    "and",
+    "but",
+    "because",
+    ".",
+    "!",
+    "?",
+    "\n",
+    "x",
+]
+
+
+@given(st.lists(st.sampled_from(_FACT_WORDS), max_size=12).map(" ".join) | st.text(max_size=80))
+def test_the_one_fact_pattern_matches_exactly_when_a_rule_does(text: str) -> None:
+    """The summarizer's boost for stated facts asks one alternation of the rules instead of
+    each rule in turn: the answer must be the rules' own, on any text."""
+    assert _states_fact(text) == any(rule.pattern.search(text) for rule in RULES)
+    for line in (f"User: {text}", text.upper()):
+        assert _states_fact(line) == any(rule.pattern.search(line) for rule in RULES)
+
+
+_ONE_PER_RULE = [
+    "My name is Ada Lovelace.",
+    "I live in London but travel a lot.",
+    "I work at the Analytical Engine Company.",
+    "I really prefer short answers.",
+    "My favourite editor is vim.",
+    "Please remember that the deploy is on Fridays.",
+    "We use Postgres and Kafka.",
+    "Our project is called Orion.",
+]
+
+
+def test_the_one_fact_pattern_answers_for_every_rule() -> None:
+    """Sentence i states what rule i (and no other) catches, so a rule missing from the one
+    pattern fails here whatever the generated texts above happen to be."""
+    for i, rule in enumerate(RULES):
+        assert [bool(rule.pattern.search(t)) for t in _ONE_PER_RULE] == [
+            j == i for j in range(len(RULES))
+        ], i
+    for text in _ONE_PER_RULE:
+        assert _states_fact(text) and _states_fact("User: " + text), text
+    assert not _states_fact("The weather is nice today.")
 
 
 def test_summary_is_deterministic() -> None:

@@ -76,8 +76,21 @@ def _chunks(sentence: str) -> list[str]:
     return [" ".join(words[i : i + _MAX_UNIT_WORDS]) for i in range(0, len(words), _MAX_UNIT_WORDS)]
 
 
+def _unnamed(regex: str) -> str:
+    """``regex`` with its named groups made plain, so several can share one pattern."""
+    return _NAMED_GROUP.sub("(?:", regex)
+
+
+_NAMED_GROUP: Final = re.compile(r"\(\?P<\w+>")
+#: one search for "does any fact rule match": the rules' alternation (each rule's named
+#: groups made plain; none refers back to one). Matches exactly when one of the rules does.
+_ANY_FACT: Final = re.compile(
+    "|".join(f"(?:{_unnamed(rule.pattern.pattern)})" for rule in RULES), re.IGNORECASE
+)
+
+
 def _states_fact(text: str) -> bool:
-    return any(rule.pattern.search(text) for rule in RULES)
+    return _ANY_FACT.search(text) is not None
 
 
 def _units(previous: str | None, messages: Sequence[Message]) -> list[_Unit]:
@@ -132,7 +145,7 @@ def _scores(units: Sequence[_Unit]) -> list[float]:
     return out
 
 
-def _jaccard(a: set[str], b: set[str]) -> float:
+def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b) if a and b else 0.0
 
 
@@ -168,13 +181,14 @@ def extractive_summary(
     n_previous = sum(1 for u in units if u.from_previous)
     previous_cap = token_budget if n_previous == len(units) else int(token_budget * _PREVIOUS_SHARE)
     chosen: list[int] = []
+    term_sets = [frozenset(u.terms) for u in units]  # once, not per comparison
     used = previous_used = 0
     for capped in (True, False):
         for i in ranked:
             if i in chosen:
                 continue
-            terms = set(units[i].terms)
-            if any(_jaccard(terms, set(units[j].terms)) >= _DUPLICATE_JACCARD for j in chosen):
+            terms = term_sets[i]
+            if any(_jaccard(terms, term_sets[j]) >= _DUPLICATE_JACCARD for j in chosen):
                 continue
             cost = count(units[i].text) + (1 if chosen else 0)  # +1 for the joining newline
             if used + cost > token_budget:
