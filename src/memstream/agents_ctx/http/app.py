@@ -88,7 +88,7 @@ def create_app(services: Services, *, hot_routes: bool = True) -> FastAPI:
 
     app.hot = hot_routes  # the per-turn routes in front of the stack below (hot_routes.py)
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BYTES)
-    app.add_middleware(Observe, services=services)  # outermost: sees every answer
+    app.add_middleware(Observe, services=services)  # every answer HotRoutes does not give
 
     ready = contract.contract(answer=wire.Health, errors=(), other={503: wire.Health})
 
