@@ -50,9 +50,6 @@ class BodyLimit:
         self.app = app
         self.max_bytes = max_bytes
 
-    def _too_large(self) -> BodyTooLarge:
-        return too_large(self.max_bytes)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -64,7 +61,7 @@ class BodyLimit:
                 break
         if declared is not None:
             if declared > self.max_bytes:
-                await self._answer(scope, receive, send, self._too_large())
+                await self._answer(scope, receive, send, too_large(self.max_bytes))
                 return
             # A declared length within the limit: the server refuses bodies longer than
             # they declare, so there is nothing to count.

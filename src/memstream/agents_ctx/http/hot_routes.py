@@ -112,6 +112,10 @@ def headers_of(raw: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
     return got
 
 
+def _internal_error(_request: Request, _exc: Exception) -> Response:
+    return error_response(500, "internal", "internal error")
+
+
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
@@ -181,7 +185,7 @@ class HotRoutes:
             except Exception as exc:
                 on_error = self._handler_for(exc)
                 if on_error is None:  # as ServerErrorMiddleware: the 500, then to the server
-                    unclaimed, on_error = exc, self._internal
+                    unclaimed, on_error = exc, self._internal_handler()
                 answered = on_error(request, exc)
                 response = await answered if inspect.isawaitable(answered) else answered
             status = response.status_code
@@ -194,18 +198,15 @@ class HotRoutes:
             request_id.reset(token)
             self._recorder.record(scope, status, elapsed, rid)
 
-    async def _internal(self, request: Request, exc: Exception) -> Response:
-        """The app's own 500 answer (``errors.install``: JSON ``internal``, logged)."""
-        handler = self._handlers.get(Exception) or self._handlers.get(500)
-        if handler is None:
-            return error_response(500, "internal", "internal error")
-        answered = handler(request, exc)
-        return await answered if inspect.isawaitable(answered) else answered
+    def _internal_handler(self) -> ExceptionHandler:
+        """The app's own 500 handler (``errors.install``'s: JSON ``internal``, logged),
+        where ``ServerErrorMiddleware`` finds it; a plain JSON 500 for an app without one."""
+        return self._handlers.get(Exception) or self._handlers.get(500) or _internal_error
 
     def _handler_for(self, exc: Exception) -> ExceptionHandler | None:
         """The app's handler for ``exc``'s class (nearest in its MRO), as Starlette's
         ``ExceptionMiddleware`` picks it; the catch-all ``Exception`` handler is
-        ``ServerErrorMiddleware``'s, where Starlette puts it (:meth:`_internal`)."""
+        ``ServerErrorMiddleware``'s, where Starlette puts it (:meth:`_internal_handler`)."""
         for cls in type(exc).__mro__:
             if cls is Exception:
                 return None
