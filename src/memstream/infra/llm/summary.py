@@ -76,12 +76,14 @@ def _chunks(sentence: str) -> list[str]:
     return [" ".join(words[i : i + _MAX_UNIT_WORDS]) for i in range(0, len(words), _MAX_UNIT_WORDS)]
 
 
+_NAMED_GROUP: Final = re.compile(r"\(\?P<\w+>")
+
+
 def _unnamed(regex: str) -> str:
     """``regex`` with its named groups made plain, so several can share one pattern."""
     return _NAMED_GROUP.sub("(?:", regex)
 
 
-_NAMED_GROUP: Final = re.compile(r"\(\?P<\w+>")
 #: one search for "does any fact rule match": the rules' alternation (each rule's named
 #: groups made plain; none refers back to one). Matches exactly when one of the rules does.
 _ANY_FACT: Final = re.compile(
