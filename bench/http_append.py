@@ -53,6 +53,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import psutil
+
 ACCOUNT = "bench"
 
 
@@ -280,16 +282,19 @@ class Up:
     def cpu(self) -> float:
         """CPU seconds of the ``memstream up`` process (not its servers) so far."""
         assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _cpu_s(psutil.Process(self.proc.pid))
 
     def tree_cpu(self) -> float:
         """CPU seconds so far of ``memstream up`` and every live process under it (the
         broker, Postgres and its backends, Valkey, the index children): what the whole
         server costs the machine. A process that exited meanwhile is not counted."""
         assert self.proc is not None
-        return sum(cpu for _, cpu in _descendants(self.proc.pid).values())
+        root = psutil.Process(self.proc.pid)
+        total = 0.0
+        for p in (root, *root.children(recursive=True)):
+            with contextlib.suppress(psutil.NoSuchProcess):  # exited since the listing
+                total += _cpu_s(p)
+        return total
 
     def batches(self) -> tuple[float, float]:
         """(group commits, messages committed) from the server's /metrics."""
@@ -318,28 +323,10 @@ class Up:
             stop_group([self.proc])
 
 
-def _descendants(root: int) -> dict[int, tuple[int, float]]:
-    """``{pid: (parent pid, CPU seconds)}`` of ``root`` and every live process under it."""
-    procs: dict[int, tuple[int, float]] = {}
-    tck = os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited between the listing and the read
-        procs[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tck)
-    keep = {root}
-    grew = True
-    while grew:
-        grew = False
-        for pid, (parent, _) in procs.items():
-            if parent in keep and pid not in keep:
-                keep.add(pid)
-                grew = True
-    return {pid: procs[pid] for pid in keep if pid in procs}
+def _cpu_s(p: psutil.Process) -> float:
+    """A process's own CPU seconds (user + system; its reaped children not counted)."""
+    t = p.cpu_times()
+    return float(t.user + t.system)
 
 
 class Load:
