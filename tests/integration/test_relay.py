@@ -8,6 +8,7 @@ port and data dir), so the session broker is never disturbed.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -109,6 +110,46 @@ async def test_relay_publishes_every_message_in_order_per_thread(
     seen = check_topic(await read_topic(kafka_bootstrap, unique_topics.journal), appended)
     assert set(seen.values()) == {1}, "no failure happened, so no duplicate"
     assert relay.stats.republished == 0
+
+
+async def _published(relay: JournalRelay, seq: int, timeout_s: float = 20.0) -> float:
+    """Seconds until the relay's watermark covers ``seq`` (checked every 5 ms)."""
+    began = time.monotonic()
+    async with asyncio.timeout(timeout_s):
+        while relay.watermark < seq:
+            await asyncio.sleep(0.005)
+    return time.monotonic() - began
+
+
+async def test_single_appends_in_a_stream_leave_in_one_pass_and_a_lone_one_at_once(
+    journal: Journal, bus: Bus, kafka_bootstrap: str, unique_topics: Topics
+) -> None:
+    """The linger batches a stream of one-message appends (one pass, so one fetch and one
+    batch in each processor), and delays nothing that comes after a quiet."""
+    await ensure_topics(kafka_bootstrap, unique_topics, 3, 1)
+    linger = 1.0
+    relay = JournalRelay(journal, bus, unique_topics, linger_s=linger, poll_interval=60)
+    ref = THREADS[0]
+    await relay.start()
+    try:
+        await asyncio.sleep(linger)  # a quiet since the start's first pass
+        await journal.append(ref, [NewMessage(role="user", content="alone")])
+        relay.notify()
+        lone_s = await _published(relay, await journal.last_seq())
+        assert lone_s < linger / 2, f"a lone append waited {lone_s:.2f}s for the relay"
+        passes = relay.stats.batches
+        for i in range(5):  # right after that pass: one at a time, each notified
+            await journal.append(ref, [NewMessage(role="user", content=f"stream {i}")])
+            relay.notify()
+        last = await journal.last_seq()
+        await asyncio.sleep(linger * 0.3)
+        assert relay.watermark < last, "the stream was relayed before the linger ran out"
+        await _published(relay, last)
+        assert relay.stats.batches == passes + 1, "the five appends left in one pass"
+    finally:
+        await relay.stop()
+    seen = check_topic(await read_topic(kafka_bootstrap, unique_topics.journal), 6)
+    assert set(seen.values()) == {1}
 
 
 async def test_a_new_relay_resumes_from_the_recorded_watermark(

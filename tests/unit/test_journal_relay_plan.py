@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from memstream.schemas.count_header import COUNT_HEADER, read_count_header
 from memstream.schemas.events import Envelope, decode, encode, message_appended
 from memstream.schemas.records import Message
@@ -110,3 +112,13 @@ def test_the_count_header_counts_toward_the_bus_limit() -> None:
     assert plan_batch([(1, raw)], "p.journal", ts=5, max_record_bytes=bare).oversized == (1,)
     limit = bare + len(COUNT_HEADER) + len(header) + 10
     assert plan_batch([(1, raw)], "p.journal", ts=5, max_record_bytes=limit).oversized == ()
+
+
+def test_a_pass_waits_out_the_linger_only_right_after_another() -> None:
+    from memstream.streams.journal_relay import linger_left
+
+    assert linger_left(now=10.002, last_pass_end=10.0, linger_s=0.005) == pytest.approx(0.003)
+    assert linger_left(now=10.005, last_pass_end=10.0, linger_s=0.005) == 0.0
+    assert linger_left(now=11.0, last_pass_end=10.0, linger_s=0.005) == 0.0  # after a quiet
+    assert linger_left(now=10.0, last_pass_end=float("-inf"), linger_s=0.005) == 0.0  # first
+    assert linger_left(now=10.001, last_pass_end=10.0, linger_s=0.0) == 0.0  # off

@@ -40,6 +40,14 @@ class Settings(BaseSettings):
     journal_reader_poll_ms: int = Field(
         default=20, ge=1, description="Manifest poll of journal readers in other processes."
     )
+    relay_linger_ms: int = Field(
+        default=5,
+        ge=0,
+        le=1000,
+        description="The journal relay starts a pass at most this often: appends that land "
+        "within it of the last pass go to Kafka, and through every processor, as one batch. "
+        "A pass after a longer quiet starts at once (0 = a pass per durable batch).",
+    )
 
     # --- kafka ------------------------------------------------------------------------------
     kafka_bootstrap: str = Field(default="", description="host:port[,host:port]; empty = embedded.")

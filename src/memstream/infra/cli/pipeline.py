@@ -279,6 +279,7 @@ async def start_pipeline(stack: Stack) -> list[Stopper]:
             # written), so the poll is only a safety net: at 20 ms it was most of an idle
             # ``memstream up``'s journal work (two SlateDB scans, 50 times a second)
             poll_interval=NOTIFIED_RELAY_POLL_S,
+            linger_s=s.relay_linger_ms / 1000,
         )
         stack.journal.on_durable(relay.notify)
         await relay.start()
