@@ -86,10 +86,10 @@ class MemstreamClient:
         timeout: float = 30.0,
         http: httpx.AsyncClient | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"}
-        if user is not None:
-            headers["X-Memstream-User"] = user
-        self._headers = headers
+        headers = [(b"Authorization", f"Bearer {api_key}".encode())]
+        if user is not None:  # UTF-8 bytes: httpx would encode a str as ASCII only
+            headers.append((b"X-Memstream-User", user.encode("utf-8")))
+        self._headers = httpx.Headers(headers)
         self._own = http is None
         self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
 
@@ -325,7 +325,7 @@ class MemstreamClient:
         r = await self._http.post(
             f"{self._agent(agent_id)}/memory/import",
             content=body,
-            headers={**self._headers, "Content-Type": "application/x-ndjson"},
+            headers=[*self._headers.raw, (b"Content-Type", b"application/x-ndjson")],
         )
         if r.status_code >= 400:
             raise error_from(r.status_code, r.json())

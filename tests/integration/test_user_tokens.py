@@ -154,3 +154,60 @@ async def test_the_cli_mints_a_token_the_api_accepts(pg_dsn: str) -> None:
         assert await Accounts(pool).requires_user_tokens("acct")
     finally:
         await pool.close()
+
+
+async def test_a_non_ascii_user_is_the_same_user_by_header_token_and_client(
+    api_stack: ApiStack,
+) -> None:
+    """``X-Memstream-User: ålice`` (UTF-8 bytes, as curl sends it) names the user a token, a
+    path or the Python client names: it used to arrive as Latin-1 (``Ã¥lice``), another
+    user, whose data an erasure of ``ålice`` did not touch."""
+    from memstream.client import MemstreamClient
+
+    c, user = api_stack.client, "ålice-josé"
+    raw = [
+        (b"authorization", f"Bearer {api_stack.key}".encode()),
+        (b"x-memstream-user", user.encode()),
+    ]
+    msg = {"role": "user", "content": "ålice's fjord plan"}
+    r = await c.post(url("utf", "u1", "/messages"), json=msg, headers=raw)  # a hot route
+    assert r.status_code == 201, r.text
+    await c.put("/v1/agents/utf", json={"memory": True}, headers=api_stack.headers())
+    fact = {"key": "home", "content": "lives by a fjord", "category": "user_profile"}
+    r = await c.post("/v1/agents/utf/memory/store", json=fact | {"scope": "private"}, headers=raw)
+    assert r.status_code in (200, 201), r.text  # a route FastAPI serves
+    assert r.json()["entry"]["user_id"] == user
+
+    bearer = {"Authorization": f"Bearer {await token_for(api_stack, 'acme', user)}"}
+    r = await c.get(url("utf", "u1", "/context"), headers=bearer)
+    assert r.status_code == 200 and "fjord plan" in r.text
+    r = await c.get("/v1/agents/utf/memory/entries", headers=bearer)
+    assert [e["key"] for e in r.json()["entries"]] == ["home"]
+
+    client = MemstreamClient("http://memstream.test", api_stack.key, user, http=c)
+    context = await client.context("utf", "u1")
+    assert "fjord plan" in str(context["messages"])
+    await client.append("utf", "u1", {"role": "user", "content": "and a boat"})
+    r = await c.get(url("utf", "u1", "/context"), headers=bearer)
+    assert "and a boat" in r.text
+    # the ASCII look-alike and the Latin-1 reading are other users
+    for other in ("alice-jose", "Ã¥lice-josÃ©"):
+        as_other = [raw[0], (b"x-memstream-user", other.encode())]
+        r = await c.get(url("utf", "u1", "/context"), headers=as_other)
+        assert r.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/agents/utf/threads/u2/messages", "/v1/agents/utf/memory/recall"]
+)
+async def test_a_user_header_that_is_not_utf8_is_refused_naming_it(
+    api_stack: ApiStack, path: str
+) -> None:
+    raw = [
+        (b"authorization", f"Bearer {api_stack.key}".encode()),
+        (b"x-memstream-user", b"\xe5lice"),
+    ]
+    body = {"role": "user", "content": "hi"} if path.endswith("messages") else {"query": "hi"}
+    r = await api_stack.client.post(path, json=body, headers=raw)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["field"] == "X-Memstream-User"

@@ -176,6 +176,7 @@ class Accounts:
                 account_id,
                 secrets.token_bytes(32),
             )
+            self._token_cache.pop(account_id, None)  # a policy cached without the secret
         hit = self._token_cache.get(account_id)
         now = time.monotonic()
         if hit is not None and hit[1] > now:

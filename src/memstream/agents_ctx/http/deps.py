@@ -14,7 +14,7 @@ from fastapi import Depends, Header, Path, Request
 from memstream.agents_ctx import user_tokens
 from memstream.agents_ctx.services import Services
 from memstream.agents_ctx.validation import check_id
-from memstream.errors import Unauthorized
+from memstream.errors import InvalidRequest, Unauthorized
 from memstream.infra.accounts import KeyInfo
 from memstream.schemas.records import Caller
 
@@ -61,6 +61,22 @@ async def _user_token(svc: Services, token: str) -> user_tokens.UserToken:
     return user_tokens.verify(secret, token)
 
 
+def utf8_header(value: str | None, field: str) -> str | None:
+    """A header value as the UTF-8 text its client sent (pure).
+
+    ASGI servers hand header bytes over as Latin-1 (each byte one character), so a user id
+    sent as UTF-8 (``X-Memstream-User: ålice``) arrived as ``Ã¥lice``: another user than
+    the one a user token, a path (``/v1/users/ålice/erase``) or the CLI names, and erasing
+    ``ålice`` left that user's data in place. Bytes that are not UTF-8 are refused, naming
+    the header, rather than guessed at."""
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise InvalidRequest(f"{field} must be UTF-8 text", field=field) from None
+
+
 async def authenticate(
     svc: Services,
     agent_id: str,
@@ -73,7 +89,8 @@ async def authenticate(
     The account comes from the API key, or from a signed user token sent alone as the
     bearer; the user from a signed user token (``X-Memstream-User-Token``, or the bearer
     token) or, unless the account requires tokens, from ``X-Memstream-User``."""
-    asserted = x_memstream_user.strip() if x_memstream_user and x_memstream_user.strip() else None
+    user_header = utf8_header(x_memstream_user, "X-Memstream-User")
+    asserted = user_header.strip() if user_header and user_header.strip() else None
     bearer = (
         authorization[7:].strip()
         if authorization and authorization[:7].lower() == "bearer "
