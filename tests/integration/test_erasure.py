@@ -75,7 +75,9 @@ async def stack(
     svc.memory = svc.metrics = None
 
 
-async def seed_thread(s: ApiStack, agent: str, thread: str, user: str, words: str) -> ThreadRef:
+async def seed_thread(
+    s: ApiStack, agent: str, thread: str, user: str | None, words: str
+) -> ThreadRef:
     body = {
         "messages": [
             {"role": "user", "content": f"{user} says {words} one"},
@@ -429,3 +431,49 @@ async def test_erasure_status_for_callers_and_ids_an_attacker_would_send(stack: 
     assert r.status_code == 404 and "stores" not in r.text
     r = await s.client.get(url, headers=s.headers(key=s.other_key))
     assert r.status_code == 404  # another account's key
+
+
+async def test_an_erased_thread_id_is_never_revived(stack: ApiStack) -> None:
+    """Reviving an erased id used to answer 201 and take appends that no projection would
+    ever show (search said ``not_ready`` forever, no summary came): now its owner gets 409
+    naming ``thread_id``, anyone else the answer for a thread that does not exist, and the
+    thread stays gone on every route."""
+    s, svc = stack, stack.services
+    assert svc.erasures is not None
+    await seed_thread(s, "revive", "mine", "gina", "first-life-words")
+    await seed_thread(s, "revive", "shared", None, "shared-life-words")
+    for thread, user in (("mine", "gina"), ("shared", "gina")):
+        r = await s.client.post(
+            f"/v1/agents/revive/threads/{thread}/erase", headers=s.headers(user=user)
+        )
+        assert r.status_code == 202, r.text
+        await svc.erasures.wait(r.json()["erasure_id"])
+    body = {"metadata": {}}
+    for thread, user in (("mine", "gina"), ("shared", "gina"), ("shared", None)):
+        r = await s.client.post(
+            "/v1/agents/revive/threads",
+            json=body | {"thread_id": thread},
+            headers=s.headers(user=user),
+        )
+        assert r.status_code == 409, r.text
+        assert r.json()["error"]["field"] == "thread_id"
+        assert "erased" in r.json()["error"]["message"]
+    # someone who could never see gina's thread learns nothing: as for an unknown id
+    r = await s.client.post(
+        "/v1/agents/revive/threads",
+        json=body | {"thread_id": "mine"},
+        headers=s.headers(user="hal"),
+    )
+    assert r.status_code == 404 and r.json()["error"]["field"] == "thread_id"
+    assert r.json()["error"]["message"] == "no thread 'mine'"
+    for thread in ("mine", "shared"):
+        url = f"/v1/agents/revive/threads/{thread}"
+        r = await s.client.post(
+            f"{url}/messages",
+            json={"role": "user", "content": "second life"},
+            headers=s.headers(user="gina"),
+        )
+        assert r.status_code == 404, r.text  # nothing appended
+        r = await s.client.get(f"{url}/context", headers=s.headers(user="gina"))
+        assert r.status_code == 404
+    assert await journal_mentions(s, "second life") == 0

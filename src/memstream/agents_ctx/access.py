@@ -11,7 +11,8 @@ other caller, and for a caller without a user, every route of someone's thread (
 summary, append, delete, create, tool-call view, sub-agent delegation from it) answers
 ``NotFound`` exactly as for a thread that does not exist: nothing is revealed. A deleted
 thread is ``NotFound`` on every route too, appending included (it is never silently
-revived; ``POST .../threads`` with its id revives it explicitly, for its owner).
+revived; ``POST .../threads`` with its id revives it explicitly, for its owner, unless it
+was erased: an erased id is never used again).
 
 The check is cheap: thread records are cached per thread (bounded). The owner never
 changes, so a cached owner is never wrong; the ``deleted`` flag and the metadata are
@@ -31,7 +32,7 @@ from collections import OrderedDict
 from typing import Final, Protocol
 
 from memstream.agents_ctx.validation import check_id
-from memstream.errors import MemoryNotBound, NotFound
+from memstream.errors import Conflict, MemoryNotBound, NotFound
 from memstream.infra.accounts import Accounts, Thread
 from memstream.schemas.records import Caller, JSONObject, ThreadRef
 
@@ -134,9 +135,21 @@ class ThreadAccess:
         self, caller: Caller, ref: ThreadRef, metadata: JSONObject
     ) -> tuple[Thread, bool]:
         """``POST .../threads``: create, return the existing one, or revive a deleted one
-        with ``metadata``, for its owner. ``NotFound`` (nothing changed) for someone else's."""
+        with ``metadata``, for its owner. ``NotFound`` (nothing changed) for someone else's.
+        An erased thread is never revived (the projections drop whatever it would write):
+        ``Conflict`` naming ``thread_id`` for whoever could see it, ``NotFound`` for others."""
         thread, created = await self._accounts.create_thread(ref, metadata, caller.user_id)
         if thread is None:
+            record = await self._accounts.get_thread(ref)
+            if (
+                record is not None
+                and may_use_thread(record.owner, caller.user_id)
+                and await self._accounts.thread_erased(ref)
+            ):
+                raise Conflict(
+                    f"thread {ref.thread_id!r} was erased; its id cannot be used again",
+                    field="thread_id",
+                )
             raise not_found(ref.thread_id)
         self._remember(thread)
         return thread, created

@@ -259,7 +259,9 @@ class Accounts:
         reviving it with ``metadata`` if it was deleted. Returns (thread, created).
 
         The thread is None, and nothing is changed, when it exists and belongs to another
-        user (a thread's owner is set once, at insert, and never changes)."""
+        user (a thread's owner is set once, at insert, and never changes), or was erased
+        (:meth:`thread_erased`: an erased id is never revived, since every projection
+        drops what a registered thread writes)."""
         await self.ensure_agent(ref.account_id, ref.agent_id)
         row = await self.pool.fetchrow(
             "INSERT INTO threads (account_id, agent_id, thread_id, metadata, owner_user)"
@@ -268,7 +270,9 @@ class Accounts:
             "   SET metadata = CASE WHEN threads.deleted THEN EXCLUDED.metadata"
             "                       ELSE threads.metadata END,"
             "       deleted = false, updated_at = now()"
-            "   WHERE threads.owner_user IS NULL OR threads.owner_user = EXCLUDED.owner_user"
+            "   WHERE (threads.owner_user IS NULL OR threads.owner_user = EXCLUDED.owner_user)"
+            "     AND NOT EXISTS (SELECT 1 FROM erased_threads e WHERE e.account_id = $1"
+            "                     AND e.agent_id = $2 AND e.thread_id = $3)"
             " RETURNING metadata, deleted, owner_user, (xmax = 0) AS created",
             ref.account_id,
             ref.agent_id,
@@ -280,6 +284,18 @@ class Accounts:
             return None, False
         thread = Thread(ref, row["metadata"], row["deleted"], row["owner_user"])
         return thread, bool(row["created"])
+
+    async def thread_erased(self, ref: ThreadRef) -> bool:
+        """Whether an erasure registered the thread (``erased_threads``)."""
+        return bool(
+            await self.pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM erased_threads"
+                " WHERE account_id = $1 AND agent_id = $2 AND thread_id = $3)",
+                ref.account_id,
+                ref.agent_id,
+                ref.thread_id,
+            )
+        )
 
     async def open_thread(self, ref: ThreadRef, owner: str | None) -> tuple[Thread, bool]:
         """The thread as it is, inserting it (for ``owner``, default config) if it has no
