@@ -128,6 +128,46 @@ async def test_someone_elses_thread_is_not_found_on_every_route(users: Users) ->
     assert sub["summary"] is None  # alice may delegate from her own thread
 
 
+async def test_someone_elses_thread_answers_exactly_as_no_thread(users: Users) -> None:
+    """On every route where a thread that never existed is an error, alice's private thread
+    and a deleted thread answer bob and an anonymous caller the very same body (status,
+    code, message with the id substituted, field): nothing tells them apart."""
+    agent = fresh("parity")
+    await alices_thread(users, agent, "a-priv")
+    await alices_thread(users, agent, "a-gone")
+    await users.alice.delete_thread(agent, "a-gone")
+    base = f"/v1/agents/{agent}"
+    routes: dict[str, tuple[str, str, dict[str, str]]] = {
+        "summary": ("GET", f"{base}/threads/{{t}}/summary", {}),
+        "delete": ("DELETE", f"{base}/threads/{{t}}", {}),
+        "tool call by thread": ("GET", f"{base}/journal/tool-calls/call_0", {"thread_id": "{t}"}),
+        "delegation": ("GET", f"{base}/threads/sub/context", {"parent_thread_id": "{t}"}),
+    }
+
+    async def answer(route: str, thread: str, user: str | None) -> tuple[int, str]:
+        method, url, params = routes[route]
+        r = await users.stack.client.request(
+            method,
+            url.format(t=thread),
+            params={k: v.format(t=thread) for k, v in params.items()},
+            headers=users.stack.headers(user=user),
+        )
+        return r.status_code, r.text.replace(thread, "never-was")
+
+    for user in ("bob", None):
+        for route in routes:
+            never = await answer(route, "never-was", user)
+            assert never[0] == 404 and '"not_found"' in never[1], (route, never)
+            for thread in ("a-priv", "a-gone"):
+                assert await answer(route, thread, user) == never, (route, thread, user)
+    # alice still gets her data (and was not deleted by any of the above)
+    assert (await users.alice.summary(agent, "a-priv")) is not None
+    assert (await users.alice.tool_call_view(agent, "call_0", thread_id="a-priv"))[
+        "name"
+    ] == "vault"
+    assert (await users.alice.context(agent, "sub", parent_thread_id="a-priv"))["summary"] is None
+
+
 async def test_a_thread_opened_without_a_user_is_shared(users: Users) -> None:
     agent, thread = fresh("shared"), "t"
     await users.anon.append(agent, thread, {"role": "user", "content": "team standup notes"})

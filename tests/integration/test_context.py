@@ -485,6 +485,48 @@ async def test_sub_agent_of_the_same_agent_and_errors(stack: ApiStack) -> None:
     assert r.status_code == 404
 
 
+async def test_someone_elses_parent_answers_as_no_parent(stack: ApiStack) -> None:
+    """Delegating from carol's private thread, or from a deleted one, answers bob and a
+    caller with no user exactly what a parent that never existed answers (status, code,
+    message with the id substituted, field ``parent_thread_id``); carol still delegates."""
+    agent = fresh()
+    await store(stack, agent, "name", "is called Carol", 0.9, user="carol")
+    await append(stack, agent, "carolp", 2, user="carol")
+    await append(stack, agent, "carolgone", 2, user="carol")
+    r = await stack.client.delete(
+        f"/v1/agents/{agent}/threads/carolgone", headers=stack.headers(user="carol")
+    )
+    assert r.status_code == 204
+
+    async def answer(parent: str, user: str | None) -> tuple[int, object]:
+        r = await stack.client.get(
+            f"/v1/agents/{agent}/threads/zz1/context",
+            params={"parent_thread_id": parent},
+            headers=stack.headers(user=user),
+        )
+        return r.status_code, r.json()
+
+    for user in ("bob", None, "carol"):
+        never = await answer("nonexist", user)
+        assert never == (
+            404,
+            {
+                "error": {
+                    "code": "not_found",
+                    "message": "no thread 'nonexist'",
+                    "field": "parent_thread_id",
+                }
+            },
+        )
+        hidden = ("carolgone",) if user == "carol" else ("carolp", "carolgone")
+        for parent in hidden:
+            status, body = await answer(parent, user)
+            assert "Carol" not in str(body), (parent, user)
+            assert (status, str(body).replace(parent, "nonexist")) == (never[0], str(never[1]))
+    ctx = await context(stack, agent, "zz1", user="carol", parent_thread_id="carolp")
+    assert keys(ctx) == ["name"] and ctx["summary"] is None
+
+
 async def test_deleted_thread_has_no_context(stack: ApiStack) -> None:
     agent = fresh()
     await append(stack, agent, "t", 2)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -59,3 +60,61 @@ async def test_summary_route(stack: ApiStack, redis_client: aioredis.Redis) -> N
     await redis_client.flushdb()
     r = await c.get(url, headers=stack.headers())
     assert r.status_code == 200 and r.json()["version"] == 1
+
+
+async def test_someone_elses_or_a_deleted_thread_answers_as_no_thread(stack: ApiStack) -> None:
+    """For bob and for a caller with no user, alice's private thread (with a summary) and a
+    deleted one answer exactly what a thread that never existed answers: the same status,
+    code, message (with the id substituted) and field. Alice still reads her summary, and
+    her thread with none yet says so."""
+    c = stack.client
+    agent = "sumpriv"
+    for thread in ("a-priv", "a-gone", "a-empty"):
+        r = await c.post(
+            f"/v1/agents/{agent}/threads/{thread}/messages",
+            json={"role": "user", "content": "my secret is turquoise"},
+            headers=stack.headers(user="alice"),
+        )
+        assert r.status_code == 201, r.text
+    store = stack.services.summary_store
+    assert store is not None
+    s1 = Summary(1, datetime(2026, 1, 2, tzinfo=UTC), 0, "m0", "turquoise", 3, 1)
+    for thread in ("a-priv", "a-gone"):
+        await store.write(ThreadRef("acme", agent, thread), s1, 0)
+    r = await c.delete(f"/v1/agents/{agent}/threads/a-gone", headers=stack.headers(user="alice"))
+    assert r.status_code == 204
+
+    async def answer(thread: str, user: str | None) -> tuple[int, object]:
+        r = await c.get(
+            f"/v1/agents/{agent}/threads/{thread}/summary", headers=stack.headers(user=user)
+        )
+        return r.status_code, r.json()
+
+    def as_none(thread: str, answer: tuple[int, object]) -> tuple[int, object]:
+        status, body = answer
+        return status, orjson.loads(orjson.dumps(body).replace(thread.encode(), b"nonexistent"))
+
+    for user in ("bob", None):
+        never = await answer("nonexistent", user)
+        assert never == (
+            404,
+            {
+                "error": {
+                    "code": "not_found",
+                    "message": "no thread 'nonexistent'",
+                    "field": "thread_id",
+                }
+            },
+        )
+        for thread in ("a-priv", "a-gone", "a-empty"):
+            assert as_none(thread, await answer(thread, user)) == never, (thread, user)
+    # her deleted thread is no thread for her either
+    gone = as_none("a-gone", await answer("a-gone", "alice"))
+    assert gone == await answer("nonexistent", "alice")
+    # the owner still reads her summary; her thread without one says it has none yet
+    status, body = await answer("a-priv", "alice")
+    assert status == 200 and isinstance(body, dict) and body["content"] == "turquoise"
+    assert await answer("a-empty", "alice") == (
+        404,
+        {"error": {"code": "not_found", "message": "thread 'a-empty' has no summary yet"}},
+    )

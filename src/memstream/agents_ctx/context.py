@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, Protocol
 
+from memstream.agents_ctx.access import not_found
 from memstream.agents_ctx.message_shapes import (
     Format,
     anthropic_messages,
@@ -49,7 +50,7 @@ from memstream.agents_ctx.message_shapes import (
 )
 from memstream.agents_ctx.validation import check_id
 from memstream.clock import Clock
-from memstream.errors import InfraError, InvalidRequest, NotFound
+from memstream.errors import InfraError, InvalidRequest
 from memstream.schemas.limits import WINDOW_MESSAGES
 from memstream.schemas.records import (
     Caller,
@@ -309,8 +310,8 @@ class ContextReader:
         if ref is None:
             return None
         parent = await self._threads.readable(caller, ref, "parent_thread_id")
-        if parent is None:
-            raise NotFound(f"no parent thread {ref.thread_id!r}", field="parent_thread_id")
+        if parent is None:  # never opened: the same answer as someone else's thread
+            raise not_found(ref.thread_id, "parent_thread_id")
         return parent
 
     async def _summary(self, ref: ThreadRef) -> Summary | None:

@@ -2,14 +2,19 @@
 
 Answers the spec's seven fields (``version``, ``timestamp``, ``last_message_offset``,
 ``last_message_id``, ``content``, ``token_count``, ``message_count``), read from the Redis
-cache or, on a miss, from object storage; 404 ``not_found`` while the thread has none, and
-for a thread that is deleted or belongs to another user.
+cache or, on a miss, from object storage.
+
+404 ``not_found``: ``no thread 'T'`` (``field: thread_id``, ``access.not_found``) for a
+thread that was never opened, is deleted or belongs to another user, all three alike so the
+answer reveals nothing; ``thread 'T' has no summary yet`` for a thread the caller may read
+that has none yet.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
+from memstream.agents_ctx.access import not_found
 from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
@@ -26,8 +31,11 @@ async def get_summary(thread_id: str, caller: CallerDep, svc: ServicesDep) -> JS
     ref = svc.threads.ref(caller, thread_id)
     if svc.summary_store is None:
         raise InfraError("the summary store is not available in this process")
-    await svc.threads.readable(caller, ref)  # someone else's thread: 404, as for none
+    # someone else's or a deleted thread: access.not_found, the answer for no thread
+    thread = await svc.threads.readable(caller, ref)
     summary = await svc.summary_store.get(ref)
     if summary is None:
-        raise NotFound(f"thread {thread_id} has no summary yet")
+        if thread is None:  # never opened: the same answer as someone else's thread
+            raise not_found(ref.thread_id)
+        raise NotFound(f"thread {ref.thread_id!r} has no summary yet")
     return JSONResponse(summary.to_dict())
