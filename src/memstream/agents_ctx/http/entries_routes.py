@@ -35,7 +35,7 @@ from memstream.agents_ctx.memory import editing, policy
 from memstream.agents_ctx.memory.editing import Cursor, View
 from memstream.agents_ctx.memory.entries import Filters, MemoryEntries
 from memstream.agents_ctx.services import Services
-from memstream.agents_ctx.validation import check_id
+from memstream.agents_ctx.validation import check_id, check_json
 from memstream.errors import InfraError
 from memstream.schemas import wire
 from memstream.schemas.records import Caller
@@ -57,6 +57,8 @@ def _view(caller: Caller, user_id: str | None) -> View:
 
 
 def _filters(category: str | None, visibility: str | None = None, q: str | None = None) -> Filters:
+    if q is not None:
+        check_json(q, "q")  # no NUL: Postgres refuses it in text (a 500, not a 400)
     return Filters(
         category=None if category is None else policy.validate_category(category),
         visibility=None if visibility is None else editing.validate_visibility(visibility),

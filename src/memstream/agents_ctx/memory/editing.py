@@ -143,6 +143,8 @@ class Cursor:
             raise bad from None
         if not (isinstance(micros, int) and isinstance(owner, str) and isinstance(key, str)):
             raise bad
+        if "\x00" in owner or "\x00" in key:  # Postgres refuses NUL in text
+            raise bad
         try:
             return cls(_EPOCH + micros * _MICRO, owner, key)
         except OverflowError:
