@@ -188,6 +188,22 @@ async def refused_calls_name_the_field_and_write_nothing(
         },
     )
     assert pii.is_error and "private_requires_user" in first_text(pii)
+    # a NUL character (Postgres refuses it in text): the field, as over HTTP, not a bare
+    # "Error executing tool"
+    nul = {
+        "memory_store": (
+            {"key": "n", "content": "a\u0000b", "category": "observation", "scope": "shared"},
+            "content",
+        ),
+        "memory_recall": ({"query": "a\u0000b"}, "query"),
+        "memory_forget": ({"key": "a\u0000b"}, "key"),
+    }
+    for tool, (args, field) in nul.items():
+        out = await client.call_tool(tool, args)
+        assert out.is_error and f"invalid_request (field: {field})" in first_text(out), (
+            tool,
+            first_text(out),
+        )
     assert await memory.list_visible(Caller("acme", agent, None)) == []
 
 

@@ -21,7 +21,9 @@ Guarantees:
   memstream error code and names the field, e.g.
   ``invalid_request (field: importance): importance must be between 0 and 1`` — the same
   code and field as over HTTP, because the arguments are validated by the memory rules,
-  not by the tool schema. Nothing is written on a refused call. ``limit`` above 20 is
+  not by the tool schema, after the checks an HTTP body gets (``validation.check_json``:
+  no NUL character, bounded nesting; ``invalid_request (field: content)`` for a NUL in
+  ``content``). Nothing is written on a refused call. ``limit`` above 20 is
   lowered to 20, as on HTTP.
 """
 
@@ -38,6 +40,7 @@ from pydantic import WithJsonSchema
 
 from memstream import __version__
 from memstream.agents_ctx.memory.store import MemoryService
+from memstream.agents_ctx.validation import check_json
 from memstream.errors import MemstreamError
 from memstream.schemas.limits import RECALL_MAX_LIMIT
 from memstream.schemas.records import CATEGORIES, VISIBILITIES, Caller
@@ -90,6 +93,13 @@ class ServiceTools:
 
     async def forget(self, key: object) -> dict[str, Any]:
         return {"forgotten": await self._memory.forget(self._caller, key)}
+
+
+def _checked(**arguments: object) -> None:
+    """A tool's arguments through the checks the HTTP routes give their body
+    (``bodies.read_object``: ``check_json``), naming the same field: a NUL character would
+    otherwise reach Postgres, which refuses it in text."""
+    check_json(arguments, "")
 
 
 def _tool_error(e: MemstreamError) -> ToolError:
@@ -184,6 +194,9 @@ def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
         importance: ImportanceArg = None,
     ) -> dict[str, Any]:
         try:
+            _checked(
+                key=key, content=content, category=category, scope=scope, importance=importance
+            )
             return await tools_for(ctx).store(key, content, category, scope, importance)
         except MemstreamError as e:
             raise _tool_error(e) from None
@@ -199,6 +212,7 @@ def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
         category: CategoryFilterArg = None,
     ) -> dict[str, Any]:
         try:
+            _checked(query=query, limit=limit, category=category)
             return await tools_for(ctx).recall(query, limit, category)
         except MemstreamError as e:
             raise _tool_error(e) from None
@@ -209,6 +223,7 @@ def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
         key: ForgetKeyArg,
     ) -> dict[str, Any]:
         try:
+            _checked(key=key)
             return await tools_for(ctx).forget(key)
         except MemstreamError as e:
             raise _tool_error(e) from None
