@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from memstream.agents_ctx.validation import check_id, parse_append_body, parse_thread_body
+from memstream.agents_ctx.validation import (
+    check_id,
+    parse_append_body,
+    parse_thread_body,
+    query_int,
+)
 from memstream.errors import InvalidRequest
 from memstream.infra.cli.produce import LineError, batches, parse_lines
 
@@ -135,3 +140,14 @@ def test_object_store_keys_never_leave_their_prefix_or_exceed_a_name_limit() -> 
         assert path.count("/") == 6 and "/../" not in path and "/./" not in path
     assert key_segment("plain-id") == "plain-id"  # existing keys unchanged
     assert key_segment("é" * 64) == key_segment("é" * 64) != key_segment("é" * 63)
+
+
+def test_query_int_refuses_what_int_refuses() -> None:
+    """``str.isdigit`` accepts superscript digits ("²") that ``int`` refuses: the console
+    answered 500 for them. ``query_int`` names the parameter instead."""
+    assert query_int(None, "offset", 0) == 0 and query_int("", "offset", 7) == 7
+    assert query_int("12", "offset", 0) == 12
+    for bad in ("²", "abc", "1.5", "9" * 5000):
+        with pytest.raises(InvalidRequest) as e:
+            query_int(bad, "offset", 0)
+        assert e.value.field == "offset"

@@ -51,6 +51,18 @@ def check_id(value: object, field: str) -> str:
     return value
 
 
+def query_int(raw: str | None, field: str, default: int) -> int:
+    """An integer query parameter: ``default`` when absent or empty, else ``int(raw)`` or
+    ``InvalidRequest`` naming the field (never ``str.isdigit``, which also accepts ``"²"``,
+    a character ``int`` refuses)."""
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{field} must be an integer", field=field) from None
+
+
 def check_json(value: object, field: str, depth: int = 0) -> None:
     """A JSON value nests at most ``MAX_JSON_DEPTH`` deep and holds no NUL character in any
     string or key (Postgres refuses NUL in text; nothing downstream wants one); else

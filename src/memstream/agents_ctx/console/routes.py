@@ -34,7 +34,7 @@ from memstream.agents_ctx.http.deps import services
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.journal_tools import journal_message_search, journal_tool_call_view
 from memstream.agents_ctx.services import Services
-from memstream.agents_ctx.validation import check_id
+from memstream.agents_ctx.validation import check_id, query_int
 from memstream.errors import InfraError, MemstreamError, NotFound, Unauthorized
 from memstream.infra.llm.summary import ExtractiveSummaryModel
 from memstream.projections.replay import PROJECTIONS, check_projection
@@ -316,6 +316,7 @@ async def thread(
     ref = ThreadRef(
         check_id(account, "account"), check_id(agent, "agent"), check_id(thread, "thread")
     )
+    picked = query_int(request.query_params.get("version"), "version", 0)
     info = await svc.accounts.get_thread(ref)
     if info is None:
         raise NotFound(f"no thread {ref.key!r}", field="thread")
@@ -323,14 +324,13 @@ async def thread(
     window = await journal.last(ref, window_size(info.config))
     summary: Summary | None = None
     versions: list[int] = []
-    picked = request.query_params.get("version", "")
     if svc.summary_store is not None:
         current = await svc.summary_store.get(ref)
         if current is not None:
             versions = list(range(current.version, 0, -1))
             summary = current
-            if picked.isdigit() and 0 < int(picked) < current.version:
-                summary = await svc.summary_store.get_version(ref, int(picked))
+            if 0 < picked < current.version:
+                summary = await svc.summary_store.get_version(ref, picked)
     return page(
         request,
         "thread.html",
@@ -356,11 +356,11 @@ async def tool_call(
     account: str, agent: str, tool_call_id: str, request: Request, session: SessionDep
 ) -> HTMLResponse:
     svc = services(request)
-    raw = request.query_params.get("offset", "0")
+    offset = query_int(request.query_params.get("offset"), "offset", 0)
     p = await journal_tool_call_view(
         Caller(check_id(account, "account"), check_id(agent, "agent")),
         tool_call_id,
-        offset=int(raw) if raw.isdigit() else 0,
+        offset=offset,
         length=4096,
         journal=svc.need_journal(),
         threads=_Operator(),

@@ -16,7 +16,8 @@ from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.journal_tools import journal_message_search, journal_tool_call_view
 from memstream.agents_ctx.read_your_writes import wait_for_messages
 from memstream.agents_ctx.services import Services
-from memstream.errors import InfraError, InvalidRequest
+from memstream.agents_ctx.validation import query_int
+from memstream.errors import InfraError
 from memstream.infra.llm.ports import SummaryModel
 from memstream.infra.llm.summary import ExtractiveSummaryModel
 from memstream.projections.messages import MessageStore
@@ -37,13 +38,7 @@ def _summarizer(svc: Services) -> SummaryModel:
 
 
 def _query_int(request: Request, name: str, default: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer", field=name) from None
+    return query_int(request.query_params.get(name), name, default)
 
 
 @router.post(
