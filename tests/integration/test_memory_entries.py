@@ -326,6 +326,9 @@ async def test_export_then_import_into_a_fresh_agent_reproduces_the_entries(
             orjson.dumps(
                 {"key": "y", "content": "fine", "category": "observation", "content_hash": "0" * 64}
             ),
+            orjson.dumps(
+                {"key": "z", "content": "fine", "category": "observation", "visibility": "bogus"}
+            ),
             b"",
         ]
     )
@@ -336,6 +339,7 @@ async def test_export_then_import_into_a_fresh_agent_reproduces_the_entries(
         (6, "invalid_request", "line"),
         (7, "prompt_injection", "content"),
         (8, "invalid_request", "content_hash"),
+        (9, "invalid_request", "visibility"),  # the line's own field, not "scope"
     ]
     # an ordinary key imports only its own user's entries
     r = await api.client.post(

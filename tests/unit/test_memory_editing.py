@@ -72,3 +72,11 @@ def test_every_refusal_names_a_field() -> None:
         )
     assert e.value.field == "recall_count"
 
+
+def test_import_line_names_its_own_visibility_field() -> None:
+    """Found by a new-user test: a bad ``visibility`` was refused naming ``scope``, a field
+    an import line does not have."""
+    line = {"key": "k", "content": "fine", "category": "observation", "visibility": "bogus"}
+    with pytest.raises(InvalidRequest) as e:
+        editing.parse_import_line(line, Caller("acme", "bot", None), NOW)
+    assert e.value.field == "visibility"

@@ -287,7 +287,8 @@ def parse_import_line(raw: object, caller: Caller, now: datetime) -> ImportLine:
         raise InvalidRequest("user_id must be a string or null", field="user_id")
     if user_id is not None and not caller.admin and user_id != caller.user_id:
         raise Forbidden("importing another user's entries needs an admin key", field="user_id")
-    visibility = raw.get("visibility", "shared")
+    # checked here so the error names the line's field (check_store would say "scope")
+    visibility = validate_visibility(raw.get("visibility", "shared"))
     req = policy.check_store(
         key=raw.get("key"),
         content=raw.get("content"),
