@@ -448,12 +448,17 @@ async def test_an_erased_thread_id_is_never_revived(stack: ApiStack) -> None:
         )
         assert r.status_code == 202, r.text
         await svc.erasures.wait(r.json()["erasure_id"])
-    body = {"metadata": {}}
-    for thread, user in (("mine", "gina"), ("shared", "gina"), ("shared", None)):
+    body: dict[str, object] = {"metadata": {}}
+    attempts: list[tuple[str, str | None]] = [
+        ("mine", "gina"),
+        ("shared", "gina"),
+        ("shared", None),
+    ]
+    for thread, who in attempts:
         r = await s.client.post(
             "/v1/agents/revive/threads",
             json=body | {"thread_id": thread},
-            headers=s.headers(user=user),
+            headers=s.headers(user=who),
         )
         assert r.status_code == 409, r.text
         assert r.json()["error"]["field"] == "thread_id"

@@ -18,8 +18,12 @@ from memstream.errors import BodyTooLarge
 
 
 def declared_length(value: bytes) -> int | None:
-    """A ``Content-Length`` header's value as a length, None if it is not one. Pure."""
-    return int(value) if value.isdigit() else None
+    """A ``Content-Length`` header's value as a length, None if it is not one. Pure.
+    Over 18 digits it is over any limit, and is not parsed: ``int()`` refuses a string of
+    more than 4,300 digits with ``ValueError``, which would have answered 500."""
+    if not value.isdigit():
+        return None
+    return int(value) if len(value) <= 18 else 1 << 63
 
 
 def too_large(max_bytes: int) -> BodyTooLarge:
