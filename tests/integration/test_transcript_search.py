@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from memstream.agents_ctx.journal_tools import journal_message_search
+from memstream.agents_ctx.journal_tools import NoDeletedThreads, journal_message_search
 from memstream.errors import InvalidRequest
 from memstream.infra.llm import ExtractiveSummaryModel
 from memstream.projections.messages import MessageStore, SearchHit
@@ -121,6 +121,7 @@ async def search(
         kw.pop("query"),
         store=store,
         summarizer=ExtractiveSummaryModel(),
+        threads=NoDeletedThreads(),
         **kw,
     )
     return [(h.thread_id, h.offset) for h in res.results]
@@ -212,7 +213,9 @@ async def test_limit_bounds(corpus: MessageStore) -> None:
 
 async def test_summaries_one_call_per_matching_thread(corpus: MessageStore) -> None:
     model = CountingSummarizer()
-    res = await journal_message_search(ALICE, "lisbon", store=corpus, summarizer=model)
+    res = await journal_message_search(
+        ALICE, "lisbon", store=corpus, summarizer=model, threads=NoDeletedThreads()
+    )
     threads = list(dict.fromkeys(h.thread_id for h in res.results))
     assert len(model.calls) == len(threads) == 3
     assert [s.thread_id for s in res.summaries] == threads

@@ -19,6 +19,11 @@ changes, so a cached owner is never wrong; the ``deleted`` flag and the metadata
 refreshed after ``ttl_s`` (a delete made by another API process is seen within that time;
 one made through this process at once).
 
+Transcript search reads no single thread: it leaves out the agent's deleted threads
+(:meth:`ThreadAccess.deleted_threads`, one Postgres query per agent, cached for ``ttl_s``
+like the flag, dropped at once by a delete, revival or erasure through this process). Its
+privacy rule between users is its own (``projections.messages``).
+
 **Memory binding.** The three memory tools need the Memory capability bound to the agent
 (``PUT /v1/agents/{id} {"memory": true}``): without it they raise
 :class:`~memstream.errors.MemoryNotBound` (HTTP 403 ``memory_not_bound``), so no agent
@@ -38,6 +43,8 @@ from memstream.schemas.records import Caller, JSONObject, ThreadRef
 
 THREAD_CACHE_TTL_S: Final = 2.0
 THREAD_CACHE_MAX: Final = 100_000
+DELETED_CACHE_MAX: Final = 10_000
+"""At most this many agents' deleted-thread sets kept (the oldest dropped first)."""
 
 
 # --- pure rules ----------------------------------------------------------------------------
@@ -66,6 +73,10 @@ class ThreadAccess:
         self._ttl = ttl_s
         self._max = max_size
         self._cache: OrderedDict[ThreadRef, tuple[Thread, float]] = OrderedDict()
+        # (account, agent) -> (ids of its deleted threads, expiry), for transcript search
+        self._deleted: OrderedDict[tuple[str, str], tuple[frozenset[str], float]] = OrderedDict()
+        # bumped whenever a set is dropped: a read that overlapped the drop is not kept
+        self._deleted_gen = 0
 
     def ref(self, caller: Caller, thread_id: object, field: str = "thread_id") -> ThreadRef:
         return ThreadRef(caller.account_id, caller.agent_id, check_id(thread_id, field))
@@ -152,18 +163,48 @@ class ThreadAccess:
                 )
             raise not_found(ref.thread_id)
         self._remember(thread)
+        if not created:  # an existing thread: it may have been revived
+            self._drop_deleted(ref)
         return thread, created
 
     def forget(self, ref: ThreadRef) -> None:
         """Drop the cached record of ``ref`` (erasure changed it behind this cache)."""
         self._cache.pop(ref, None)
+        self._drop_deleted(ref)
 
     async def delete(self, caller: Caller, ref: ThreadRef) -> None:
         """Flag the thread deleted. ``NotFound`` if there is none the caller may delete."""
         thread = await self.readable(caller, ref)
         self._cache.pop(ref, None)
-        if thread is None or not await self._accounts.delete_thread(ref):
-            raise not_found(ref.thread_id)
+        try:
+            if thread is None or not await self._accounts.delete_thread(ref):
+                raise not_found(ref.thread_id)
+        finally:
+            self._drop_deleted(ref)
+
+    async def deleted_threads(self, caller: Caller) -> frozenset[str]:
+        """The ids of the caller's agent's deleted threads, which transcript search leaves
+        out for every caller. One Postgres query (a partial index of the deleted rows),
+        cached per agent for ``ttl_s``: a delete or revival by another API process is seen
+        within that time, one through this process at once."""
+        key = (caller.account_id, caller.agent_id)
+        now = time.monotonic()
+        hit = self._deleted.get(key)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        gen = self._deleted_gen
+        ids = await self._accounts.deleted_threads(*key)
+        if gen == self._deleted_gen:  # no delete or revival here while it was read
+            self._deleted[key] = (ids, now + self._ttl)
+            self._deleted.move_to_end(key)
+            while len(self._deleted) > DELETED_CACHE_MAX:
+                self._deleted.popitem(last=False)
+        return ids
+
+    def _drop_deleted(self, ref: ThreadRef) -> None:
+        """The agent's deleted set may have changed: read it again at the next search."""
+        self._deleted.pop((ref.account_id, ref.agent_id), None)
+        self._deleted_gen += 1
 
 
 # --- the Memory binding -----------------------------------------------------------------------

@@ -328,6 +328,15 @@ class Accounts:
             return None
         return Thread(ref, row["metadata"], row["deleted"], row["owner_user"])
 
+    async def deleted_threads(self, account_id: str, agent_id: str) -> frozenset[str]:
+        """The ids of the agent's deleted threads (``threads_deleted``, a partial index)."""
+        rows = await self.pool.fetch(
+            "SELECT thread_id FROM threads WHERE account_id=$1 AND agent_id=$2 AND deleted",
+            account_id,
+            agent_id,
+        )
+        return frozenset(str(r["thread_id"]) for r in rows)
+
     async def delete_thread(self, ref: ThreadRef) -> bool:
         """Flag the thread record deleted. Journal, summary and memory are kept."""
         status = await self.pool.execute(

@@ -296,6 +296,7 @@ async def threads(request: Request, session: SessionDep) -> HTMLResponse:
             summarize=False,
             store=svc.message_store,
             summarizer=ExtractiveSummaryModel(),
+            threads=svc.threads,
         )
     return page(
         request,

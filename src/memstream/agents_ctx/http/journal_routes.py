@@ -58,6 +58,7 @@ async def search(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONR
         explain=body.get("explain", False),
         store=_store(svc),
         summarizer=_summarizer(svc),
+        threads=svc.threads,
     )
     return JSONResponse(result.to_dict())
 

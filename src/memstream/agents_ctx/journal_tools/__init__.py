@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from memstream.agents_ctx.journal_tools.paging import BytePage, page_utf8
 from memstream.agents_ctx.journal_tools.search import (
+    DeletedThreads,
+    NoDeletedThreads,
     SearchResult,
     ThreadSummary,
     build_search_spec,
@@ -26,6 +28,8 @@ from memstream.agents_ctx.journal_tools.tool_calls import (
 
 __all__ = [
     "BytePage",
+    "DeletedThreads",
+    "NoDeletedThreads",
     "SearchResult",
     "ThreadSummary",
     "ToolCallPage",

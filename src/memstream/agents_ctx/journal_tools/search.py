@@ -11,6 +11,12 @@ Guarantees:
 - Results belong to the caller's account and agent; a private thread (one whose messages
   carry a user id) is returned only to its user(s); messages without a user id are visible
   to every caller of the agent.
+- A deleted thread is never searched, by anyone, in either scope (``agents_ctx.access``:
+  deleted is ``NotFound`` everywhere). Which threads are deleted is read from Postgres, the
+  authority (:meth:`~memstream.agents_ctx.access.ThreadAccess.deleted_threads`, cached
+  for 2 s per agent), and they are left out inside the search's queries, so ``limit`` hits
+  are still returned when that many other messages match. A revived thread is searched
+  again.
 - A message matches when it shares at least one analysed term with the query (OR, never
   AND: a question's extra words cannot hide its answer) or, when the projection has its
   dense side, when its vector is among the most similar to the query's; results are ranked
@@ -26,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final, get_args
+from dataclasses import dataclass, replace
+from typing import Final, Protocol, get_args
 
 import orjson
 
@@ -91,6 +97,20 @@ def build_search_spec(
         explain=explain,
         text=query,
     )
+
+
+class DeletedThreads(Protocol):
+    """Where the deleted threads are read (``agents_ctx.access.ThreadAccess``)."""
+
+    async def deleted_threads(self, caller: Caller) -> frozenset[str]: ...
+
+
+class NoDeletedThreads:
+    """A source of deleted threads with none (a store without thread records: benches,
+    tests of the projection alone)."""
+
+    async def deleted_threads(self, caller: Caller) -> frozenset[str]:
+        return frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +184,18 @@ async def journal_message_search(
     *,
     store: MessageStore,
     summarizer: SummaryModel,
+    threads: DeletedThreads,
 ) -> SearchResult:
     """Search the caller's transcripts. See the module docstring for the guarantees."""
     spec = build_search_spec(caller, query, scope, thread_id, limit, explain)
     if not isinstance(summarize, bool):
         raise InvalidRequest("summarize must be a boolean", field="summarize")
+    deleted = await threads.deleted_threads(caller)
+    if spec.thread_id is not None:
+        if spec.thread_id in deleted:  # as for someone else's thread: nothing to find
+            return SearchResult(results=[], summaries=[])
+    elif deleted:
+        spec = replace(spec, excluded_threads=tuple(sorted(deleted)))
     hits = await store.search(spec)
     if not summarize or not hits:
         return SearchResult(results=hits, summaries=[])

@@ -225,8 +225,9 @@ class IndexQuery:
     """A search of the index: ``words`` (analysed) in the account and agent, or in
     ``thread_id``, by ``user_id`` (``""``: no user); never in the threads at ``hidden``
     thread keys (those the caller may not read: :func:`reader_tags` keep them out, the keys
-    check it); scored with the agent's ``stats`` (messages, average length) and ``bm25``
-    (k1, b); the best ``k``."""
+    check it), nor in the threads at ``excluded`` thread keys (deleted threads, whatever
+    their readers: kept out by key); scored with the agent's ``stats`` (messages, average
+    length) and ``bm25`` (k1, b); the best ``k``."""
 
     account_id: str
     agent_id: str
@@ -237,6 +238,7 @@ class IndexQuery:
     k: int
     bm25: tuple[float, float]
     user_id: str
+    excluded: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -852,9 +854,12 @@ class LexicalIndex:
                 ),
                 (Occur.Must, Q.const_score_query(Q.term_query(schema, "agent_id", agent_id), 0.0)),
             ]
-        if hidden and by_key:
-            scope.append((Occur.MustNot, Q.term_set_query(schema, "thread_key", list(hidden))))
-        elif hidden:  # what the caller may read: threads without users, and their own
+        # the excluded (deleted) threads are kept out by key whatever their readers; they
+        # are not in ``hidden``, so :meth:`_best` never takes their hits for a lost retag
+        by_keys = [*query.excluded, *(hidden if by_key else ())]
+        if by_keys:
+            scope.append((Occur.MustNot, Q.term_set_query(schema, "thread_key", by_keys)))
+        if hidden and not by_key:  # what the caller may read: threads without users, own ones
             readable = [PUBLIC, f"u:{query.user_id}"]
             scope.append(
                 (

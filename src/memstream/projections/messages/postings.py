@@ -32,7 +32,8 @@ from memstream.projections.messages.sql import (
     SearchSpec,
     SqlParam,
     check_database,
-    visible_threads_filter,
+    spec_filter,
+    spec_filter_params,
 )
 
 POSTINGS_TABLE: Final = "message_terms"
@@ -149,15 +150,12 @@ def _scope(spec: SearchSpec) -> str:
 
 
 def _params(spec: SearchSpec) -> dict[str, SqlParam]:
-    params: dict[str, SqlParam] = {
+    return {
         "account_id": spec.account_id,
         "agent_id": spec.agent_id,
-        "user_id": spec.user_id or "",
+        **spec_filter_params(spec),
         "terms": list(spec.words),
     }
-    if spec.thread_id is not None:
-        params["thread_id"] = spec.thread_id
-    return params
 
 
 def term_stats_sql(
@@ -178,7 +176,7 @@ def term_stats_sql(
 FROM {db}.{POSTINGS_TABLE} FINAL
 WHERE {_scope(spec)}
   AND term IN {{terms:Array(String)}}
-  AND {visible_threads_filter(db, spec.thread_id is not None)}
+  AND {spec_filter(db, spec)}
 GROUP BY term
 SETTINGS {SEARCH_SETTINGS}"""
     params = _params(spec)
@@ -212,7 +210,7 @@ FROM (
             FROM {db}.{POSTINGS_TABLE}
             WHERE {_scope(spec)}
               AND term = {{term:String}}
-              AND {visible_threads_filter(db, spec.thread_id is not None)}
+              AND {spec_filter(db, spec)}
             GROUP BY thread_id, `offset`
         )
     )
@@ -291,7 +289,7 @@ FROM (
                 WHERE {_scope(spec)}
                   AND term IN {{terms:Array(String)}}
                   {membership}
-                  AND {visible_threads_filter(db, spec.thread_id is not None)}
+                  AND {spec_filter(db, spec)}
                 GROUP BY thread_id, `offset`
             )
         )

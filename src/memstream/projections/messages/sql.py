@@ -169,19 +169,43 @@ class SearchSpec:
     explain: bool = False
     text: str = ""
     """The query as asked (for the dense side's query vector); empty: lexical only."""
+    excluded_threads: tuple[str, ...] = ()
+    """Ids of threads never searched, whoever asks: the agent's deleted threads, as Postgres
+    (their authority) says (``journal_message_search`` reads them). Kept out inside every
+    query (:func:`visible_threads_filter`, the lexical and vector indexes' filters), so a
+    search still returns ``limit`` hits when that many others match."""
 
 
-def visible_threads_filter(db: str, one_thread: bool) -> str:
+def visible_threads_filter(db: str, one_thread: bool, excluded: bool = False) -> str:
     # A thread is private when any of its messages carries a user: it is then visible only
     # to those users. Threads whose messages carry no user are visible to every caller of
     # the agent. A caller without a user ('' here) sees only threads nobody owns.
-    # Scoped to one thread, only that thread's owners are read.
+    # Scoped to one thread, only that thread's owners are read. ``excluded``: the threads
+    # at {excluded_threads:Array(String)} (deleted ones) are left out too.
     scope = "AND thread_id = {thread_id:String}" if one_thread else ""
-    return f"""thread_id NOT IN (
+    out = f"""thread_id NOT IN (
         SELECT thread_id FROM {db}.thread_users
         WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}} {scope}
         GROUP BY thread_id
         HAVING NOT has(groupArray(user_id), {{user_id:String}}))"""
+    if excluded:
+        out += "\n  AND NOT has({excluded_threads:Array(String)}, thread_id)"
+    return out
+
+
+def spec_filter(db: str, spec: SearchSpec) -> str:
+    """:func:`visible_threads_filter` for ``spec`` (bind :func:`spec_filter_params`)."""
+    return visible_threads_filter(db, spec.thread_id is not None, bool(spec.excluded_threads))
+
+
+def spec_filter_params(spec: SearchSpec) -> dict[str, SqlParam]:
+    """The parameters :func:`spec_filter` binds besides the tenant's."""
+    params: dict[str, SqlParam] = {"user_id": spec.user_id or ""}
+    if spec.thread_id is not None:
+        params["thread_id"] = spec.thread_id
+    if spec.excluded_threads:
+        params["excluded_threads"] = list(spec.excluded_threads)
+    return params
 
 
 def collection_stats_sql(database: str) -> str:
@@ -219,7 +243,7 @@ FROM {db}.message_vectors
 WHERE account_id = {{account_id:String}} AND agent_id = {{agent_id:String}}
   {thread_filter}
   AND model = {{model:String}}
-  AND {visible_threads_filter(db, spec.thread_id is not None)}
+  AND {spec_filter(db, spec)}
 ORDER BY has(arrayZip({{key_threads:Array(String)}}, {{key_offsets:Array(UInt64)}}),
               (thread_id, `offset`)) DESC,
          sim DESC, thread_id, `offset`
@@ -229,15 +253,13 @@ SETTINGS {SEARCH_SETTINGS}"""
     params: dict[str, SqlParam] = {
         "account_id": spec.account_id,
         "agent_id": spec.agent_id,
-        "user_id": spec.user_id or "",
+        **spec_filter_params(spec),
         "vector": [float(x) for x in vector],
         "model": model,
         "k": k + len(keys),
         "key_threads": [t for t, _ in keys],
         "key_offsets": [o for _, o in keys],
     }
-    if spec.thread_id is not None:
-        params["thread_id"] = spec.thread_id
     return sql, params
 
 

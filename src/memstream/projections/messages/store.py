@@ -14,11 +14,13 @@ Guarantees:
   writes as :meth:`write`; it writes nothing and returns None when it cannot vouch for every
   record (the caller then decodes in Python).
 - :meth:`MessageStore.search` returns only the caller's account and agent, only threads the
-  caller may see (see :func:`~memstream.projections.messages.sql.visible_threads_filter`), at most
-  ``spec.limit`` hits ranked by relevance then recency. With an ``embedder`` (the dense
-  side, :mod:`~memstream.projections.messages.vectors`), the BM25 list and the dense list
-  (same filters, inside the query) are fused (:mod:`~memstream.projections.messages.fusion`);
-  without one, or before any vector exists, the ranking is BM25's.
+  caller may see (see :func:`~memstream.projections.messages.sql.visible_threads_filter`),
+  never one of ``spec.excluded_threads`` (deleted threads; left out inside every query, so
+  hits are not lost to them), at most ``spec.limit`` hits ranked by relevance then recency.
+  With an ``embedder`` (the dense side, :mod:`~memstream.projections.messages.vectors`), the
+  BM25 list and the dense list (same filters, inside the query) are fused
+  (:mod:`~memstream.projections.messages.fusion`); without one, or before any vector exists,
+  the ranking is BM25's.
 """
 
 from __future__ import annotations
@@ -929,10 +931,19 @@ LIMIT {INDEX_FILL_BATCH}""",
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def _hidden_thread_ids(self, spec: SearchSpec) -> list[str]:
-        """The ids of the agent's threads the caller may not read."""
+        """The ids of the agent's threads the caller may not read, and of the threads the
+        search leaves out (``spec.excluded_threads``: deleted ones)."""
         hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
         prefix = len(ThreadRef(spec.account_id, spec.agent_id, "").key)
-        return [h[prefix:] for h in hidden]
+        ids = [h[prefix:] for h in hidden]
+        if spec.excluded_threads:
+            ids = sorted({*ids, *spec.excluded_threads})
+        return ids
+
+    @staticmethod
+    def _excluded_keys(spec: SearchSpec) -> list[str]:
+        """Thread keys of ``spec.excluded_threads`` (the lexical index's ``thread_key``)."""
+        return [ThreadRef(spec.account_id, spec.agent_id, t).key for t in spec.excluded_threads]
 
     @staticmethod
     def _dense_query(
@@ -1009,7 +1020,7 @@ LIMIT {INDEX_FILL_BATCH}""",
                 spec.account_id,
                 spec.agent_id,
                 [text_key(spec.account_id, spec.agent_id, t, o) for t, o in keys],
-                hidden,
+                [*hidden, *self._excluded_keys(spec)],
             )
             rows = [
                 (
@@ -1103,6 +1114,7 @@ LIMIT {INDEX_FILL_BATCH}""",
                 k,
                 (BM25_K1, BM25_B),
                 spec.user_id or "",
+                self._excluded_keys(spec),
             )
         )
         if found.stale:
