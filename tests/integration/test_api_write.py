@@ -39,6 +39,7 @@ async def test_create_thread_and_append(api_stack: ApiStack) -> None:
     assert r.json() == {
         "thread_id": "t1",
         "metadata": {"config": {"max_working_memory_messages": 5}},
+        "shared": False,
     }
     r = await c.post(
         "/v1/agents/bot/threads/t1/messages", json={"role": "user", "content": "hi"}, headers=h
@@ -215,3 +216,35 @@ async def test_hostile_ids_are_refused_with_400_naming_the_field(
         assert r.json()["error"]["field"] == field, r.text
     r = await c.post("/v1/agents/bot/threads", json={"thread_id": ".."}, headers=h)
     assert r.status_code == 400 and r.json()["error"]["field"] == "thread_id"
+
+
+async def test_create_tells_new_from_existing_and_never_makes_a_shared_thread_a_users(
+    api_stack: ApiStack,
+) -> None:
+    """``POST .../threads`` answers 201 for a new thread and 200 for an existing one, and
+    says whether the thread is shared. A user asking for an id that a caller without a user
+    opened first (a race an app can lose) used to get 201 and a thread every user of the
+    agent reads; now 409 naming ``thread_id``, and nothing changes."""
+    c = api_stack.client
+    alice, bob, anon = (api_stack.headers(user=u) for u in ("alice", "bob", None))
+    body = {"thread_id": "mine", "metadata": {"config": {"max_working_memory_messages": 7}}}
+    r = await c.post("/v1/agents/own/threads", json=body, headers=alice)
+    assert r.status_code == 201 and r.json()["shared"] is False
+    r = await c.post("/v1/agents/own/threads", json=body, headers=alice)
+    assert r.status_code == 200 and r.json()["shared"] is False  # idempotent, not "created"
+    r = await c.post("/v1/agents/own/threads", json=body, headers=bob)
+    assert r.status_code == 404  # alice's: as for no thread
+
+    msg = {"role": "user", "content": "posted with no user"}
+    r = await c.post("/v1/agents/own/threads/early/messages", json=msg, headers=anon)
+    assert r.status_code == 201
+    claim = {"thread_id": "early", "metadata": {"config": {"max_working_memory_messages": 3}}}
+    r = await c.post("/v1/agents/own/threads", json=claim, headers=alice)
+    assert r.status_code == 409, r.text
+    err = r.json()["error"]
+    assert err["field"] == "thread_id" and "shared" in err["message"]
+    thread = await api_stack.services.accounts.get_thread(ThreadRef("acme", "own", "early"))
+    assert thread is not None and thread.owner is None  # unchanged: still shared
+    assert thread.config.window() != 3
+    r = await c.post("/v1/agents/own/threads", json=claim, headers=anon)
+    assert r.status_code == 200 and r.json()["shared"] is True

@@ -147,21 +147,25 @@ class ThreadAccess:
     ) -> tuple[Thread, bool]:
         """``POST .../threads``: create, return the existing one, or revive a deleted one
         with ``metadata``, for its owner. ``NotFound`` (nothing changed) for someone else's.
-        An erased thread is never revived (the projections drop whatever it would write):
-        ``Conflict`` naming ``thread_id`` for whoever could see it, ``NotFound`` for others."""
+        ``Conflict`` naming ``thread_id``, nothing changed, where the caller could see the
+        thread but would not get what it asked for: an erased thread (never revived: the
+        projections drop whatever it would write), or a shared thread asked for by a user
+        (it stays shared, so every caller of the agent would read what the user writes)."""
         thread, created = await self._accounts.create_thread(ref, metadata, caller.user_id)
         if thread is None:
             record = await self._accounts.get_thread(ref)
-            if (
-                record is not None
-                and may_use_thread(record.owner, caller.user_id)
-                and await self._accounts.thread_erased(ref)
-            ):
+            if record is None or not may_use_thread(record.owner, caller.user_id):
+                raise not_found(ref.thread_id)
+            if await self._accounts.thread_erased(ref):
                 raise Conflict(
                     f"thread {ref.thread_id!r} was erased; its id cannot be used again",
                     field="thread_id",
                 )
-            raise not_found(ref.thread_id)
+            raise Conflict(
+                f"thread {ref.thread_id!r} is shared by every caller of the agent (it was "
+                "opened without a user), so it cannot be this user's own: use another id",
+                field="thread_id",
+            )
         self._remember(thread)
         if not created:  # an existing thread: it may have been revived
             self._drop_deleted(ref)

@@ -258,8 +258,9 @@ class Accounts:
         """Create the thread for ``owner`` (None: shared), or return the existing one,
         reviving it with ``metadata`` if it was deleted. Returns (thread, created).
 
-        The thread is None, and nothing is changed, when it exists and belongs to another
-        user (a thread's owner is set once, at insert, and never changes), or was erased
+        The thread is None, and nothing is changed, when it exists with another owner (a
+        thread's owner is set once, at insert, and never changes: another user's thread, or
+        a shared one asked for by a user, which would stay shared), or was erased
         (:meth:`thread_erased`: an erased id is never revived, since every projection
         drops what a registered thread writes)."""
         await self.ensure_agent(ref.account_id, ref.agent_id)
@@ -270,7 +271,7 @@ class Accounts:
             "   SET metadata = CASE WHEN threads.deleted THEN EXCLUDED.metadata"
             "                       ELSE threads.metadata END,"
             "       deleted = false, updated_at = now()"
-            "   WHERE (threads.owner_user IS NULL OR threads.owner_user = EXCLUDED.owner_user)"
+            "   WHERE threads.owner_user IS NOT DISTINCT FROM EXCLUDED.owner_user"
             "     AND NOT EXISTS (SELECT 1 FROM erased_threads e WHERE e.account_id = $1"
             "                     AND e.agent_id = $2 AND e.thread_id = $3)"
             " RETURNING metadata, deleted, owner_user, (xmax = 0) AS created",

@@ -201,6 +201,10 @@ class Agent(BaseModel):
 class Thread(BaseModel):
     thread_id: str
     metadata: dict[str, Any]
+    shared: bool = Field(
+        description="True for a thread opened without a user: every caller of the agent may "
+        "read and append to it. False: it is the calling user's alone."
+    )
 
 
 class AppendedMessage(BaseModel):

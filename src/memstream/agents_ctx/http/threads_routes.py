@@ -60,7 +60,11 @@ async def configure_agent(request: Request, caller: CallerDep, svc: ServicesDep)
     "/threads",
     status_code=201,
     **contract(
-        body=wire.ThreadBody, answer=wire.Thread, errors=(400, 401, 404, 503), body_required=False
+        body=wire.ThreadBody,
+        answer=wire.Thread,
+        errors=(400, 401, 404, 409, 503),
+        body_required=False,
+        other={200: wire.Thread},  # the thread existed: returned as it is (or revived)
     ),
 )
 async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
@@ -69,7 +73,10 @@ async def create_thread(request: Request, caller: CallerDep, svc: ServicesDep) -
     thread, created = await svc.threads.create(caller, ref, metadata or {})
     if created:
         await journal_created(svc, thread)
-    return JSONResponse({"thread_id": ref.thread_id, "metadata": thread.metadata}, status_code=201)
+    return JSONResponse(
+        {"thread_id": ref.thread_id, "metadata": thread.metadata, "shared": thread.owner is None},
+        status_code=201 if created else 200,
+    )
 
 
 @router.post(
