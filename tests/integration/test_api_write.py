@@ -191,6 +191,30 @@ async def test_admin_append_needs_token(api_stack: ApiStack) -> None:
     assert not await api_stack.services.accounts.account_exists("nobody")
 
 
+async def test_the_operator_append_never_puts_a_users_messages_in_another_users_thread(
+    api_stack: ApiStack,
+) -> None:
+    """``memstream produce`` used to append gina's line to frank's thread; search, which
+    shows a thread to every user who wrote in it, then gave gina frank's whole thread."""
+    c, admin = api_stack.client, {"X-Memstream-Admin-Token": "admin-secret"}
+    msg = {"role": "user", "content": "frank's private plan"}
+    r = await c.post(
+        "/v1/agents/ops/threads/f1/messages", json=msg, headers=api_stack.headers(user="frank")
+    )
+    assert r.status_code == 201
+    body = {"account_id": "acme", "agent_id": "ops", "thread_id": "f1"}
+    line = {"messages": [{"role": "user", "content": "gina's line"}]}
+    r = await c.post("/admin/append", json=body | line | {"user_id": "gina"}, headers=admin)
+    assert r.status_code == 409 and r.json()["error"]["field"] == "user_id", r.text
+    msgs = await api_stack.journal.last(ThreadRef("acme", "ops", "f1"), 10)
+    assert [m.content for m in msgs] == ["frank's private plan"]  # nothing appended
+    for user in ("frank", None):  # the owner's own lines, and lines with no user, still go in
+        extra = {"user_id": user} if user else {}
+        r = await c.post("/admin/append", json=body | line | extra, headers=admin)
+        assert r.status_code == 200, r.text
+    assert len(await api_stack.journal.last(ThreadRef("acme", "ops", "f1"), 10)) == 3
+
+
 async def test_healthz(api_stack: ApiStack) -> None:
     r = await api_stack.client.get("/healthz")
     assert r.status_code == 200

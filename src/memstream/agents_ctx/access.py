@@ -131,8 +131,11 @@ class ThreadAccess:
         return thread, created
 
     async def open_as_operator(self, ref: ThreadRef, owner: str | None) -> tuple[Thread, bool]:
-        """The operator's append (``memstream produce``): opened for ``owner`` if new, any
-        owner accepted; a deleted thread is still ``NotFound``."""
+        """The operator's append (``memstream produce``): opened for ``owner`` if new; a
+        deleted thread is still ``NotFound``. Messages of one user never go into another
+        user's thread (``Conflict`` naming ``user_id``): search shows a thread to every user
+        who wrote in it, so such a line would have shown the owner's whole thread to that
+        user. Messages without a user may go into any thread."""
         thread = await self._record(ref)
         created = False
         if thread is None:
@@ -140,6 +143,12 @@ class ThreadAccess:
             self._remember(thread)
         if thread.deleted:
             raise not_found(ref.thread_id)
+        if owner is not None and thread.owner is not None and thread.owner != owner:
+            raise Conflict(
+                f"thread {ref.thread_id!r} belongs to user {thread.owner!r}; messages of "
+                f"user {owner!r} cannot go into it",
+                field="user_id",
+            )
         return thread, created
 
     async def create(

@@ -38,7 +38,9 @@ router = APIRouter(prefix="/admin", dependencies=[Depends(admin)])
 
 @router.post(
     "/append",
-    **contract(body=wire.AdminAppendBody, answer=wire.Appended, errors=(400, 401, 404, 413, 503)),
+    **contract(
+        body=wire.AdminAppendBody, answer=wire.Appended, errors=(400, 401, 404, 409, 413, 503)
+    ),
 )
 async def append(request: Request, svc: ServicesDep) -> JSONResponse:
     """``{"account_id", "agent_id", "thread_id", "user_id"?, "messages": [...]}``."""
