@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
-from obstore.store import LocalStore
 
-from memstream.infra.summary_store import SummaryStore
 from memstream.schemas.records import Summary, ThreadRef
-from tests.fixtures.api import ApiStack
+from tests.fixtures.api import ApiStack, with_summaries
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -25,15 +22,11 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 async def stack(
     api_stack: ApiStack, redis_client: aioredis.Redis, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[ApiStack]:
-    folder: Path = tmp_path_factory.mktemp("summaries")
-    api_stack.services.summary_store = SummaryStore(
-        LocalStore(prefix=folder, mkdir=True), redis_client
-    )
-    # a console session: the login sets its cookie on the client
-    r = await api_stack.client.post("/console/login", data={"key": "admin-secret"})
-    assert r.status_code == 303, r.text
-    yield api_stack
-    api_stack.services.summary_store = None
+    async with with_summaries(api_stack, redis_client, tmp_path_factory.mktemp("summaries")) as s:
+        # a console session: the login sets its cookie on the client
+        r = await s.client.post("/console/login", data={"key": "admin-secret"})
+        assert r.status_code == 303, r.text
+        yield s
 
 
 async def test_non_integer_version_and_offset_are_400_naming_the_parameter(

@@ -23,7 +23,7 @@ from memstream.infra.journal import Journal, local_store
 from memstream.infra.metrics import Metrics
 from memstream.infra.summary_store import SummaryStore
 from memstream.schemas.records import Caller, MemoryEntry, Summary, ThreadRef
-from tests.fixtures.api import ApiStack
+from tests.fixtures.api import ApiStack, no_thread
 from tests.fixtures.openai_server import FakeOpenAI
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -508,16 +508,7 @@ async def test_someone_elses_parent_answers_as_no_parent(stack: ApiStack) -> Non
 
     for user in ("bob", None, "carol"):
         never = await answer("nonexist", user)
-        assert never == (
-            404,
-            {
-                "error": {
-                    "code": "not_found",
-                    "message": "no thread 'nonexist'",
-                    "field": "parent_thread_id",
-                }
-            },
-        )
+        assert never == no_thread("nonexist", "parent_thread_id")
         hidden = ("carolgone",) if user == "carol" else ("carolp", "carolgone")
         for parent in hidden:
             status, body = await answer(parent, user)
