@@ -5,28 +5,23 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
 import pytest_asyncio
-import redis.asyncio as aioredis
 
 from memstream.schemas.records import Summary, ThreadRef
-from tests.fixtures.api import ApiStack, with_summaries
+from tests.fixtures.api import ApiStack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def stack(
-    api_stack: ApiStack, redis_client: aioredis.Redis, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[ApiStack]:
-    async with with_summaries(api_stack, redis_client, tmp_path_factory.mktemp("summaries")) as s:
-        # a console session: the login sets its cookie on the client
-        r = await s.client.post("/console/login", data={"key": "admin-secret"})
-        assert r.status_code == 303, r.text
-        yield s
+async def stack(summary_stack: ApiStack) -> ApiStack:
+    # a console session: the login sets its cookie on the client
+    r = await summary_stack.client.post("/console/login", data={"key": "admin-secret"})
+    assert r.status_code == 303, r.text
+    return summary_stack
 
 
 async def test_non_integer_version_and_offset_are_400_naming_the_parameter(

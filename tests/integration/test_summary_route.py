@@ -3,29 +3,20 @@ seven fields, 404 when there is none, tenancy, and the same answer after Redis i
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import orjson
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 
 from memstream.schemas.records import Summary, ThreadRef
-from tests.fixtures.api import ApiStack, no_thread, with_summaries
+from tests.fixtures.api import ApiStack, no_thread
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def stack(
-    api_stack: ApiStack, redis_client: aioredis.Redis, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[ApiStack]:
-    async with with_summaries(api_stack, redis_client, tmp_path_factory.mktemp("summaries")) as s:
-        yield s
-
-
-async def test_summary_route(stack: ApiStack, redis_client: aioredis.Redis) -> None:
+async def test_summary_route(summary_stack: ApiStack, redis_client: aioredis.Redis) -> None:
+    stack = summary_stack
     c = stack.client
     url = "/v1/agents/sumbot/threads/s1/summary"
     r = await c.get(url, headers=stack.headers())
@@ -55,7 +46,10 @@ async def test_summary_route(stack: ApiStack, redis_client: aioredis.Redis) -> N
     assert r.status_code == 200 and r.json()["version"] == 1
 
 
-async def test_someone_elses_or_a_deleted_thread_answers_as_no_thread(stack: ApiStack) -> None:
+async def test_someone_elses_or_a_deleted_thread_answers_as_no_thread(
+    summary_stack: ApiStack,
+) -> None:
+    stack = summary_stack
     """For bob and for a caller with no user, alice's private thread (with a summary) and a
     deleted one answer exactly what a thread that never existed answers: the same status,
     code, message (with the id substituted) and field. Alice still reads her summary, and
