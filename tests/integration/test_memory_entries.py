@@ -346,8 +346,44 @@ async def test_export_then_import_into_a_fresh_agent_reproduces_the_entries(
         "/v1/agents/dst2/memory/import", content=body, headers=api.headers(user="alice")
     )
     out = r.json()
-    assert out["created"] == 2  # alice's entry and the anonymous shared observation
+    assert out["created"] == 2  # alice's entry, and the anonymous observation, now hers
     assert {f["error"]["code"] for f in out["failed"][:2]} == {"forbidden"}
+
+
+async def test_an_ordinary_key_imports_as_its_user_never_as_nobody(api: ApiStack) -> None:
+    """A line without ``user_id`` (or ``visibility``) imported with an ordinary key used to
+    be stored shared and owned by nobody: another user read it, it escaped the user's
+    capacity and their erasure, and a ``user_profile`` fact was pinned for every user."""
+    c = api.client
+    await c.put("/v1/agents/imp", json={"memory": True}, headers=api.headers())
+    lines = [
+        {
+            "key": "home",
+            "content": "The user lives in Lisbon",
+            "category": "user_profile",
+            "importance": 0.95,
+        },
+        {
+            "key": "plan",
+            "content": "Ship the beta in May",
+            "category": "project_fact",
+            "visibility": "shared",
+            "user_id": None,
+        },
+    ]
+    body = b"\n".join(orjson.dumps(line) for line in lines)
+    r = await c.post("/v1/agents/imp/memory/import", content=body, headers=api.headers(user="cap"))
+    assert r.status_code == 200 and r.json()["created"] == 2, r.text
+    mine = await c.get("/v1/agents/imp/memory/entries/home", headers=api.headers(user="cap"))
+    assert mine.status_code == 200
+    assert (mine.json()["user_id"], mine.json()["visibility"]) == ("cap", "private")
+    shared = await c.get("/v1/agents/imp/memory/entries/plan", headers=api.headers(user="bob"))
+    assert shared.status_code == 200 and shared.json()["user_id"] == "cap"  # shared, but hers
+    for other in ("bob", None):
+        r = await c.get("/v1/agents/imp/memory/entries/home", headers=api.headers(user=other))
+        assert r.status_code == 404, r.text
+        ctx = await c.get("/v1/agents/imp/threads/t/context", headers=api.headers(user=other))
+        assert "Lisbon" not in ctx.text  # not pinned for anyone else
 
 
 async def test_import_and_edit_go_through_the_semantic_screen(api: ApiStack) -> None:

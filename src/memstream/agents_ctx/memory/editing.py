@@ -278,17 +278,24 @@ _MAX_COUNT: Final = 2**63 - 1
 
 
 def parse_import_line(raw: object, caller: Caller, now: datetime) -> ImportLine:
-    """One NDJSON line (an exported entry) through the rules of ``memory_store``. An
-    ordinary key imports only its own user's entries (``Forbidden`` for another user)."""
+    """One NDJSON line (an exported entry) through the rules of ``memory_store``.
+
+    An ordinary key imports as its caller, as ``memory_store`` stores: a line's missing or
+    null ``user_id`` is the caller's own, another user's is ``Forbidden``. A line without
+    ``visibility`` is private when it has a user (shared when it has none). Before, such a
+    line was stored shared and owned by nobody: outside the user's capacity, untouched by
+    erasing the user, and, as a ``user_profile`` fact, pinned into every user's context."""
     if not isinstance(raw, Mapping):
         raise InvalidRequest("each line must be a JSON object (an exported entry)", field="line")
     user_id = raw.get("user_id")
     if user_id is not None and not isinstance(user_id, str):
         raise InvalidRequest("user_id must be a string or null", field="user_id")
-    if user_id is not None and not caller.admin and user_id != caller.user_id:
-        raise Forbidden("importing another user's entries needs an admin key", field="user_id")
+    if not caller.admin:
+        if user_id is not None and user_id != caller.user_id:
+            raise Forbidden("importing another user's entries needs an admin key", field="user_id")
+        user_id = caller.user_id
     # checked here so the error names the line's field (check_store would say "scope")
-    visibility = validate_visibility(raw.get("visibility", "shared"))
+    visibility = validate_visibility(raw.get("visibility", "private" if user_id else "shared"))
     req = policy.check_store(
         key=raw.get("key"),
         content=raw.get("content"),
