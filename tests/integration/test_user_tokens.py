@@ -122,23 +122,28 @@ async def test_the_account_setting_requires_tokens(api_stack: ApiStack) -> None:
         await accounts.set_require_user_tokens("other", False)
 
 
+async def run_cli(dsn: str, *args: str, ok: bool = True) -> tuple[int, str]:
+    """``memstream ARGS`` against the database ``dsn``: (exit status, stdout + stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "memstream",
+        *args,
+        env=dict(os.environ) | {"MEMSTREAM_POSTGRES_DSN": dsn, "COLUMNS": "200"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, errs = await proc.communicate()
+    if ok:
+        assert proc.returncode == 0, errs.decode()
+    return proc.returncode or 0, (out + errs).decode().strip()
+
+
 async def test_the_cli_mints_a_token_the_api_accepts(pg_dsn: str) -> None:
     dsn = await fresh_database(pg_dsn)
-    env = dict(os.environ) | {"MEMSTREAM_POSTGRES_DSN": dsn}
 
     async def cli(*args: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "memstream",
-            *args,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, errs = await proc.communicate()
-        assert proc.returncode == 0, errs.decode()
-        return out.decode().strip()
+        return (await run_cli(dsn, *args))[1]
 
     await cli("keys", "create", "acct")
     token = await cli("keys", "user-token", "acct", "carol", "--ttl", "120")
@@ -195,6 +200,50 @@ async def test_a_non_ascii_user_is_the_same_user_by_header_token_and_client(
         as_other = [raw[0], (b"x-memstream-user", other.encode())]
         r = await c.get(url("utf", "u1", "/context"), headers=as_other)
         assert r.status_code == 404
+
+
+async def test_a_leaked_key_is_revoked_from_the_cli_and_refused(pg_dsn: str) -> None:
+    """``memstream keys revoke KEY`` (there was no way but SQL): the key is refused from
+    then on, the account's other keys still work, ``keys list`` shows it revoked."""
+    dsn = await fresh_database(pg_dsn)
+    leaked = (await run_cli(dsn, "keys", "create", "acct"))[1]
+    kept = (await run_cli(dsn, "keys", "create", "acct", "--admin"))[1]
+    pool = await create_pool(dsn)
+    try:
+        accounts = Accounts(pool, key_cache_ttl_s=0.0)
+        assert await accounts.authenticate(leaked) == "acct"
+        status, text = await run_cli(dsn, "keys", "revoke", leaked)
+        assert status == 0 and "acct" in text and leaked not in text  # never echoed whole
+        assert await accounts.authenticate(leaked) is None
+        assert await accounts.authenticate(kept) == "acct"
+        status, text = await run_cli(dsn, "keys", "revoke", leaked, ok=False)
+        assert status == 1 and "already revoked" in text
+        status, text = await run_cli(dsn, "keys", "revoke", "mk_not-a-key", ok=False)
+        assert status == 1
+        status, text = await run_cli(dsn, "keys", "list", "acct")
+        assert status == 0 and leaked not in text and kept not in text
+        revoked = {
+            line.split("│")[1].strip(): line.split("│")[-2].strip()
+            for line in text.splitlines()
+            if leaked[:8] in line or kept[:8] in line
+        }
+        assert revoked[kept[:8] + "…"] == "-" and revoked[leaked[:8] + "…"].startswith("20")
+        status, _ = await run_cli(dsn, "keys", "list", "nobody", ok=False)
+        assert status == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_revoked_key_is_refused_at_once_by_the_process_that_revoked_it(
+    api_stack: ApiStack,
+) -> None:
+    accounts = api_stack.services.accounts
+    key = await accounts.create_key("acme")
+    r = await api_stack.client.get(url("rev", "t", "/context"), headers=api_stack.headers(key=key))
+    assert r.status_code == 200  # and now cached
+    assert await accounts.revoke_key(key) == "acme"
+    r = await api_stack.client.get(url("rev", "t", "/context"), headers=api_stack.headers(key=key))
+    assert r.status_code == 401
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -30,6 +31,16 @@ class KeyInfo:
 
     account_id: str
     admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KeyListing:
+    """One API key as ``memstream keys list`` shows it (the key itself is never stored)."""
+
+    prefix: str
+    admin: bool
+    created_at: datetime
+    revoked_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +151,31 @@ class Accounts:
                 key[:8],
                 admin,
             )
+
+    async def revoke_key(self, key: str) -> str | None:
+        """Revoke ``key``: the account it belonged to, or None if it is unknown or was
+        already revoked. This process refuses it at once; other API processes once their
+        cache of it expires (``key_cache_ttl_s``, 5 s by default)."""
+        digest = hash_key(key)
+        account = await self.pool.fetchval(
+            "UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL"
+            " RETURNING account_id",
+            digest,
+        )
+        self._key_cache.pop(digest, None)
+        return None if account is None else str(account)
+
+    async def list_keys(self, account_id: str) -> list[KeyListing]:
+        """The account's keys, oldest first: never the key, only its first characters."""
+        rows = await self.pool.fetch(
+            "SELECT key_prefix, admin, created_at, revoked_at FROM api_keys"
+            " WHERE account_id = $1 ORDER BY created_at, key_prefix",
+            account_id,
+        )
+        return [
+            KeyListing(r["key_prefix"], bool(r["admin"]), r["created_at"], r["revoked_at"])
+            for r in rows
+        ]
 
     async def authenticate(self, key: str) -> str | None:
         """The account a key belongs to, or None if unknown or revoked (cached briefly)."""

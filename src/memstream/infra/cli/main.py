@@ -24,6 +24,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from memstream.errors import MemstreamError
 from memstream.infra.cli.state import read_state
@@ -358,6 +359,71 @@ def keys_create(
 
     key = run(go())
     print(key)
+
+
+@keys_app.command("list")
+def keys_list(account: str, data_dir: DataDir = None) -> None:
+    """List ACCOUNT's API keys: their first characters, admin or not, created, revoked."""
+    from memstream.infra.accounts import Accounts, KeyListing
+    from memstream.infra.postgres import create_pool
+    from memstream.infra.postgres import migrate as do_migrate
+
+    dsn = postgres_dsn_or_exit(data_dir)
+
+    async def go() -> list[KeyListing]:
+        pool = await create_pool(dsn)
+        try:
+            await do_migrate(pool)
+            return await Accounts(pool).list_keys(account)
+        finally:
+            await pool.close()
+
+    keys = run(go())
+    assert isinstance(keys, list)
+    if not keys:
+        err.print(f"[red]error:[/] no keys for account {account!r}")
+        raise typer.Exit(1)
+    table = Table("key", "admin", "created", "revoked")
+    for k in keys:
+        revoked = k.revoked_at.isoformat(timespec="seconds") if k.revoked_at else "-"
+        table.add_row(
+            k.prefix + "…",
+            "yes" if k.admin else "no",
+            k.created_at.isoformat(timespec="seconds"),
+            revoked,
+        )
+    out.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="The key to revoke, or - to read it from stdin.")],
+    data_dir: DataDir = None,
+) -> None:
+    """Revoke an API key (a leaked one): every API process refuses it within 5 s."""
+    from memstream.infra.accounts import Accounts
+    from memstream.infra.postgres import create_pool
+    from memstream.infra.postgres import migrate as do_migrate
+
+    value = sys.stdin.readline().strip() if key == "-" else key.strip()
+    if not value:
+        err.print("[red]error:[/] KEY is empty")
+        raise typer.Exit(2)
+    dsn = postgres_dsn_or_exit(data_dir)
+
+    async def go() -> str | None:
+        pool = await create_pool(dsn)
+        try:
+            await do_migrate(pool)
+            return await Accounts(pool).revoke_key(value)
+        finally:
+            await pool.close()
+
+    account = run(go())
+    if account is None:
+        err.print("[red]error:[/] no such key, or it was already revoked")
+        raise typer.Exit(1)
+    out.print(f"revoked a key of {account} ({value[:8]}…); API processes refuse it within 5 s")
 
 
 @keys_app.command("user-token")
