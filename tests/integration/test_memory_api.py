@@ -201,6 +201,7 @@ async def test_capacity_exceeded_is_409(api: ApiStack) -> None:
     )
     assert r.status_code == 409
     assert r.json()["error"]["code"] == "capacity_exceeded"
+    assert r.json()["error"]["field"] == "category"  # the limit is per category
 
 
 @pytest.mark.parametrize(

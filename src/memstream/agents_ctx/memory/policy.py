@@ -262,17 +262,20 @@ def decide_store(
 
 def check_capacity(category: Category, user_id: str | None, usage: Usage) -> None:
     """Room for one more ``category`` entry, for the agent and (with a user) for the user,
-    given the category's current usage; :class:`CapacityExceeded` otherwise."""
+    given the category's current usage; :class:`CapacityExceeded` otherwise, naming the
+    field ``category`` (the limit is per category)."""
     limits = CATEGORY_LIMITS[category]
     if usage.agent >= limits.per_agent:
         raise CapacityExceeded(
             f"this agent already holds {usage.agent} {category} entries "
-            f"(the maximum is {limits.per_agent})"
+            f"(the maximum is {limits.per_agent})",
+            field="category",
         )
     if user_id is not None and usage.user >= limits.per_user:
         raise CapacityExceeded(
             f"this user already holds {usage.user} {category} entries "
-            f"(the maximum per user is {limits.per_user})"
+            f"(the maximum per user is {limits.per_user})",
+            field="category",
         )
 
 
