@@ -204,6 +204,25 @@ async def refused_calls_name_the_field_and_write_nothing(
             tool,
             first_text(out),
         )
+    # a required argument left out: the HTTP body's answer for a missing field (the memory
+    # rules see None), not pydantic's "Field required" text
+    missing: dict[str, tuple[dict[str, Any], str, str]] = {
+        "memory_forget": ({}, "key", "key must be a string"),
+        "memory_store": (
+            {"content": "c", "category": "observation", "scope": "shared"},
+            "key",
+            "key must be a string",
+        ),
+        "memory_recall": ({"limit": 3}, "query", "query must be a non-empty string"),
+    }
+    for tool, (args, field, message) in missing.items():
+        out = await client.call_tool(tool, args)
+        text = first_text(out)
+        assert out.is_error and text.endswith(f": invalid_request (field: {field}): {message}"), (
+            tool,
+            text,
+        )
+        assert "pydantic" not in text and "validation error" not in text, (tool, text)
     assert await memory.list_visible(Caller("acme", agent, None)) == []
 
 

@@ -23,7 +23,9 @@ Guarantees:
   code and field as over HTTP, because the arguments are validated by the memory rules,
   not by the tool schema, after the checks an HTTP body gets (``validation.check_json``:
   no NUL character, bounded nesting; ``invalid_request (field: content)`` for a NUL in
-  ``content``). Nothing is written on a refused call. ``limit`` above 20 is
+  ``content``). A required argument left out reaches the memory rules as None, as a
+  field missing from an HTTP body does (``invalid_request (field: key): key must be a
+  string``). Nothing is written on a refused call. ``limit`` above 20 is
   lowered to 20, as on HTTP.
 """
 
@@ -36,6 +38,7 @@ from typing import Annotated, Any, Protocol
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from pydantic import WithJsonSchema
 
 from memstream import __version__
@@ -164,33 +167,28 @@ def _root_logging_kept() -> Iterator[None]:
         root.setLevel(level)
 
 
+def _tool(fn: Callable[..., Any], name: str, description: str, *required: str) -> Tool:
+    """``fn`` as a tool whose schema advertises ``required``. Those arguments default to
+    None in ``fn``, so a call without one reaches the memory rules like an HTTP body without
+    the field (``invalid_request (field: key): key must be a string``), not the schema
+    validation's raw pydantic message."""
+    tool = Tool.from_function(fn, name=name, description=description)
+    properties: dict[str, Any] = tool.parameters["properties"]
+    for arg in required:
+        properties[arg].pop("default", None)
+    tool.parameters["required"] = list(required)
+    return tool
+
+
 def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
     """An MCP server with the three memory tools; ``tools_for`` gives each call's backend."""
-    with _root_logging_kept():
-        server: MCPServer = MCPServer(
-            name="memstream",
-            version=__version__,
-            instructions=(
-                "Curated long-term memory for this agent. memory_store saves a durable fact "
-                "under a key, memory_recall finds facts relevant to a query, memory_forget "
-                "deletes a fact by key."
-            ),
-        )
 
-    @server.tool(
-        name="memory_store",
-        description=(
-            "Store a durable fact under a key. Storing the same content again is a no-op; "
-            "new content under an existing key replaces it. 'private' facts belong to the "
-            "current user (stored as 'shared' when there is no authenticated user)."
-        ),
-    )
     async def memory_store(
         ctx: Context,
-        key: KeyArg,
-        content: ContentArg,
-        category: CategoryArg,
-        scope: ScopeArg,
+        key: KeyArg = None,
+        content: ContentArg = None,
+        category: CategoryArg = None,
+        scope: ScopeArg = None,
         importance: ImportanceArg = None,
     ) -> dict[str, Any]:
         try:
@@ -201,13 +199,9 @@ def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
         except MemstreamError as e:
             raise _tool_error(e) from None
 
-    @server.tool(
-        name="memory_recall",
-        description="Find the stored facts most relevant to a query, best first.",
-    )
     async def memory_recall(
         ctx: Context,
-        query: QueryArg,
+        query: QueryArg = None,
         limit: LimitArg = None,
         category: CategoryFilterArg = None,
     ) -> dict[str, Any]:
@@ -217,10 +211,9 @@ def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
         except MemstreamError as e:
             raise _tool_error(e) from None
 
-    @server.tool(name="memory_forget", description="Delete the fact stored under a key.")
     async def memory_forget(
         ctx: Context,
-        key: ForgetKeyArg,
+        key: ForgetKeyArg = None,
     ) -> dict[str, Any]:
         try:
             _checked(key=key)
@@ -228,8 +221,37 @@ def build_mcp_server(tools_for: ToolsFor) -> MCPServer:
         except MemstreamError as e:
             raise _tool_error(e) from None
 
-    _ = (memory_store, memory_recall, memory_forget)
-    return server
+    tools = [
+        _tool(
+            memory_store,
+            "memory_store",
+            "Store a durable fact under a key. Storing the same content again is a no-op; "
+            "new content under an existing key replaces it. 'private' facts belong to the "
+            "current user (stored as 'shared' when there is no authenticated user).",
+            "key",
+            "content",
+            "category",
+            "scope",
+        ),
+        _tool(
+            memory_recall,
+            "memory_recall",
+            "Find the stored facts most relevant to a query, best first.",
+            "query",
+        ),
+        _tool(memory_forget, "memory_forget", "Delete the fact stored under a key.", "key"),
+    ]
+    with _root_logging_kept():
+        return MCPServer(
+            name="memstream",
+            version=__version__,
+            instructions=(
+                "Curated long-term memory for this agent. memory_store saves a durable fact "
+                "under a key, memory_recall finds facts relevant to a query, memory_forget "
+                "deletes a fact by key."
+            ),
+            tools=tools,
+        )
 
 
 def fixed_tools(tools: MemoryTools) -> ToolsFor:
