@@ -54,6 +54,11 @@ JSON = dict[str, Any]
 
 
 def _p(value: str) -> str:
+    """``value`` as one path segment: every reserved character escaped, and ``.`` / ``..``
+    (which ``quote`` leaves, and httpx would resolve as dot segments, reaching the parent
+    route) as ``%2E`` / ``%2E%2E``, which httpx sends as they are and the server decodes."""
+    if value in (".", ".."):
+        return "%2E" * len(value)
     return quote(value, safe="")
 
 

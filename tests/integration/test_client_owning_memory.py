@@ -67,3 +67,45 @@ async def test_browse_edit_export_import_and_erase_through_the_client(api_stack:
         await svc.erasures.close()
         svc.erasures = None
         svc.memory = None
+
+
+async def test_dot_ids_reach_their_own_route_and_dot_keys_are_refused(api_stack: ApiStack) -> None:
+    """``.`` and ``..`` are sent as ``%2E`` / ``%2E%2E``: httpx would resolve them as dot
+    segments, so ``memory_entry(agent, ".")`` read the entries list and ``..`` another
+    route, answering errors without a field."""
+    svc = api_stack.services
+    svc.memory = MemoryService(api_stack.pool, api_stack.clock, binding=EVERY_AGENT_BOUND)
+    alice = client(api_stack, api_stack.key, "alice")
+    try:
+        # thread ids: the server's own answer for such an id (400 naming the field)
+        for thread_id in (".", ".."):
+            with pytest.raises(errors.InvalidRequest) as e:
+                await alice.append("cd", thread_id, {"role": "user", "content": "hi"})
+            assert e.value.field == "thread_id", (thread_id, e.value)
+        # new keys "." and ".." are refused, naming key, by store and import alike
+        for key in (".", ".."):
+            with pytest.raises(errors.InvalidRequest) as e:
+                await alice.memory_store("cd", key, "x", "project_fact", "private")
+            assert e.value.field == "key" and "'.' or '..'" in e.value.message
+        report = await alice.memory_import(
+            "cd", [{"key": "..", "content": "x", "category": "project_fact"}]
+        )
+        assert report["created"] == 0 and "key" in str(report["failed"])
+        # entries stored under them before (a row renamed here) stay reachable by key
+        for key in (".", ".."):
+            await alice.memory_store("cd", f"was{key}", f"fact {key}", "project_fact", "private")
+            await api_stack.pool.execute(
+                "UPDATE memory_entries SET key = $1 WHERE agent_id = 'cd' AND key = $2",
+                key,
+                f"was{key}",
+            )
+            entry = await alice.memory_entry("cd", key)
+            assert (entry["key"], entry["content"]) == (key, f"fact {key}")
+            edited = await alice.memory_edit("cd", key, {"content": f"edited {key}"})
+            assert edited["status"] == "replaced" and edited["entry"]["key"] == key
+            assert await alice.memory_forget("cd", key)
+            with pytest.raises(errors.NotFound):
+                await alice.memory_entry("cd", key)
+    finally:
+        await alice.aclose()
+        svc.memory = None

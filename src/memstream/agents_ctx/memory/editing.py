@@ -224,6 +224,7 @@ def apply_patch(existing: MemoryEntry, patch: EntryPatch, now: datetime) -> Edit
         scope=existing.visibility,
         importance=existing.importance if patch.importance is None else patch.importance,
         user_id=existing.user_id,
+        existing_key=True,
     )
     restarts = req.content != existing.content or req.category != existing.category
     if patch.sets_expiry:

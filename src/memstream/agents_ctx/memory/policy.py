@@ -67,6 +67,18 @@ def validate_key(key: object) -> str:
     return key
 
 
+def validate_new_key(key: object) -> str:
+    """A key being stored (``memory_store``, an imported line): :func:`validate_key`, and not
+    ``.`` or ``..``. A key is a path segment of ``/memory/entries/{key}``, where such a
+    segment is one that URL normalization removes (browsers, proxies, most HTTP clients), as
+    ``validation.check_id`` refuses them for ids. Entries stored under them before stay
+    readable, editable and forgettable (only new ones are refused)."""
+    k = validate_key(key)
+    if k in (".", ".."):
+        raise InvalidRequest("key must not be '.' or '..'", field="key")
+    return k
+
+
 def validate_category(category: object) -> Category:
     if not isinstance(category, str) or category not in CATEGORIES:
         raise InvalidRequest(f"category must be one of {', '.join(CATEGORIES)}", field="category")
@@ -187,11 +199,13 @@ def check_store(
     scope: object,
     importance: object,
     user_id: str | None,
+    existing_key: bool = False,
 ) -> StoreRequest:
     """Validate and screen one ``memory_store`` call, in the order a user would want to be
     told: shape of each field, then length, then injection (rejected), then sensitive data
-    (forces private, or rejected without a user)."""
-    k = validate_key(key)
+    (forces private, or rejected without a user). ``existing_key``: the key of an entry
+    already stored (an edit), checked by :func:`validate_key` only, not as a new key."""
+    k = validate_key(key) if existing_key else validate_new_key(key)
     cat = validate_category(category)
     sc = validate_scope(scope)
     imp = validate_importance(importance)
