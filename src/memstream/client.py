@@ -229,13 +229,20 @@ class MemstreamClient:
         return await self._json("POST", f"{self._agent(agent_id)}/memory/store", body)
 
     async def memory_recall(
-        self, agent_id: str, query: str, limit: int | None = None, category: str | None = None
+        self,
+        agent_id: str,
+        query: str,
+        limit: int | None = None,
+        category: str | None = None,
+        *,
+        after: int | None = None,
     ) -> JSON:
+        """``after``: a write's ``position`` (read-your-writes): the answer waits until the
+        index applied it (``NotReady`` if it does not in time)."""
         body: JSON = {"query": query}
-        if limit is not None:
-            body["limit"] = limit
-        if category is not None:
-            body["category"] = category
+        for k, v in (("limit", limit), ("category", category), ("after", after)):
+            if v is not None:
+                body[k] = v
         return await self._json("POST", f"{self._agent(agent_id)}/memory/recall", body)
 
     async def memory_forget(self, agent_id: str, key: str) -> bool:
@@ -361,13 +368,24 @@ class MemstreamClient:
         thread_id: str | None = None,
         limit: int | None = None,
         summarize: bool | None = None,
+        explain: bool | None = None,
+        after: int | None = None,
     ) -> JSON:
+        """``explain``: each hit carries its score's breakdown. ``after``: a write's
+        ``position`` (read-your-writes): the answer waits until search has it (``NotReady``
+        if it does not in time)."""
         body: JSON = {"query": query}
-        for k, v in (("scope", scope), ("thread_id", thread_id), ("limit", limit)):
+        optional = (
+            ("scope", scope),
+            ("thread_id", thread_id),
+            ("limit", limit),
+            ("summarize", summarize),
+            ("explain", explain),
+            ("after", after),
+        )
+        for k, v in optional:
             if v is not None:
                 body[k] = v
-        if summarize is not None:
-            body["summarize"] = summarize
         return await self._json("POST", f"{self._agent(agent_id)}/journal/search", body)
 
     async def tool_call_view(

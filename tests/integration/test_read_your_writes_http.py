@@ -14,11 +14,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
+import httpx
 import orjson
 import pytest
 import pytest_asyncio
 
+from memstream import errors
+from memstream.agents_ctx.http.app import create_app
 from memstream.agents_ctx.memory.store import MemoryService
+from memstream.client import MemstreamClient
 from memstream.projections.messages import ChdbEngine, MessageStore
 from memstream.projections.positions import Positions, memory_position_key, thread_position_key
 from memstream.projections.replay import ReplayStateStore
@@ -169,3 +173,48 @@ async def test_admin_replay_from_the_journal_streams_progress_and_rebuilds(api: 
     assert len(r.json()["results"]) == 25
     r = await c.get("/admin/replay", headers=ADMIN)
     assert r.json() == {"messages": 2}
+
+
+async def test_the_python_client_passes_after_and_explain(api: ApiStack) -> None:
+    """``MemstreamClient.journal_search`` / ``memory_recall`` send ``after`` (and search
+    ``explain``), as README's read-your-writes describes."""
+    sent: list[dict[str, object]] = []
+
+    async def record(request: httpx.Request) -> None:
+        if request.url.path.endswith("/journal/search"):
+            sent.append(orjson.loads(request.content))
+
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(api.services)),
+        base_url="http://memstream.test",
+        event_hooks={"request": [record]},
+    )
+    ms = MemstreamClient("http://memstream.test", api.key, http=http)
+    appended = await ms.append("ryw", "t-client", {"role": "user", "content": "gannet colony"})
+    position = appended["position"]
+    with pytest.raises(errors.NotReady):
+        await ms.journal_search("ryw", "gannet", summarize=False, after=position)
+    marks = api.services.positions
+    assert marks is not None
+    marks.messages.advance(thread_position_key("acme", "ryw", "t-client"), position)
+    found = await ms.journal_search(
+        "ryw", "gannet", thread_id="t-client", summarize=False, explain=True, after=position
+    )
+    assert found["results"] == []  # the test projects nothing: only the mark advanced
+    assert sent[-1] == {
+        "query": "gannet",
+        "thread_id": "t-client",
+        "summarize": False,
+        "explain": True,
+        "after": position,
+    }
+    await ms.journal_search("ryw", "gannet")
+    assert sent[-1] == {"query": "gannet"}  # nothing is sent that was not given
+
+    stored = await ms.memory_store("ryw", "bird", "Watches gannets", "project_fact", "shared")
+    with pytest.raises(errors.NotReady):
+        await ms.memory_recall("ryw", "gannets", after=stored["position"])
+    marks.memory.advance(memory_position_key("acme", "ryw"), stored["position"])
+    recalled = await ms.memory_recall("ryw", "gannets", after=stored["position"])
+    assert "bird" in [e["key"] for e in recalled["results"]]
+    await http.aclose()
