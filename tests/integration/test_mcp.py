@@ -223,6 +223,9 @@ async def refused_calls_name_the_field_and_write_nothing(
             text,
         )
         assert "pydantic" not in text and "validation error" not in text, (tool, text)
+    # a query longer than the bound (journal search's), as over HTTP
+    long = await client.call_tool("memory_recall", {"query": "oolong tea " * 6000})
+    assert long.is_error and "invalid_request (field: query)" in first_text(long)
     assert await memory.list_visible(Caller("acme", agent, None)) == []
 
 

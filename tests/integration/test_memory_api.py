@@ -7,6 +7,7 @@ import pytest
 import pytest_asyncio
 
 from memstream.agents_ctx.memory.store import MemoryService
+from memstream.schemas.limits import MAX_QUERY_CHARS
 from tests.fixtures.api import ApiStack
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -210,6 +211,9 @@ async def test_capacity_exceeded_is_409(api: ApiStack) -> None:
         ("recall", {}, "query"),
         ("recall", {"query": "x", "limit": 0}, "limit"),
         ("recall", {"query": "x", "category": "misc"}, "category"),
+        # longer than journal search's bound: refused before anything is embedded
+        ("recall", {"query": "oolong tea " * 6000}, "query"),
+        ("recall", {"query": "x" * (MAX_QUERY_CHARS + 1)}, "query"),
         ("forget", {}, "key"),
         ("store", [], "body"),
     ],
@@ -220,6 +224,12 @@ async def test_bad_bodies_name_the_field(
     r = await api.client.post(f"/v1/agents/bot/memory/{route}", json=body, headers=api.headers())
     assert r.status_code == 400
     assert r.json()["error"] == r.json()["error"] | {"code": "invalid_request", "field": field}
+
+
+async def test_a_query_at_the_bound_is_answered(api: ApiStack) -> None:
+    body = {"query": "x" * MAX_QUERY_CHARS}
+    r = await api.client.post("/v1/agents/bot/memory/recall", json=body, headers=api.headers())
+    assert r.status_code == 200, r.text
 
 
 async def test_unauthorized(api: ApiStack) -> None:

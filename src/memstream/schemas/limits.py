@@ -43,6 +43,10 @@ RECALL_BOOST_PER_IMPORTANCE: Final = 0.2
 
 EMBEDDING_MODEL_OPENAI: Final = "text-embedding-3-small"
 EMBEDDING_DIMENSIONS_OPENAI: Final = 1_536
+EMBEDDING_MAX_TOKENS_OPENAI: Final = 8_191
+"""Tokens ``text-embedding-3-small`` reads of one input; a longer input is cut to this."""
+EMBEDDING_MAX_REQUEST_TOKENS_OPENAI: Final = 300_000
+"""Tokens the OpenAI embeddings endpoint takes in one request, summed over its inputs."""
 
 OBSERVATION_TTL_DAYS: Final = 30
 DECAY_AFTER_DAYS: Final = 90
@@ -73,6 +77,8 @@ CATEGORY_LIMITS: Final[dict[str, CategoryLimits]] = {
 SEARCH_DEFAULT_LIMIT: Final = 10
 SEARCH_MIN_LIMIT: Final = 1
 SEARCH_MAX_LIMIT: Final = 50
+MAX_QUERY_CHARS: Final = 2_000
+"""The longest query, in characters, of ``journal_message_search`` and of memory recall."""
 TOOL_VIEW_MAX_BYTES: Final = 32_768
 
 # --- surfaces ------------------------------------------------------------------------------

@@ -41,13 +41,17 @@ from memstream.errors import InvalidRequest
 from memstream.infra.llm.ports import SummaryModel
 from memstream.projections.messages import MessageStore, SearchHit, SearchSpec, query_words
 from memstream.projections.messages.sql import MAX_QUERY_WORDS
-from memstream.schemas.limits import SEARCH_DEFAULT_LIMIT, SEARCH_MAX_LIMIT, SEARCH_MIN_LIMIT
+from memstream.schemas.limits import (
+    MAX_QUERY_CHARS,
+    SEARCH_DEFAULT_LIMIT,
+    SEARCH_MAX_LIMIT,
+    SEARCH_MIN_LIMIT,
+)
 from memstream.schemas.records import Caller, JSONObject, JSONValue, Message, iso
 from memstream.schemas.wire import SearchScope
 
 Scope = SearchScope
 SCOPES: Final = get_args(SearchScope)
-MAX_QUERY_CHARS: Final = 2_000
 SUMMARY_TOKEN_BUDGET: Final = 200
 """Tokens per thread summary: a few lines an agent can read without flooding its context."""
 

@@ -61,7 +61,7 @@ from memstream.clock import Clock, epoch_ms
 from memstream.errors import Conflict, InvalidRequest, PromptInjection, RetryableInfraError
 from memstream.infra.accounts import Accounts
 from memstream.schemas.events import encode, memory_event
-from memstream.schemas.limits import PIN_MAX_ENTRIES, PIN_MIN_IMPORTANCE
+from memstream.schemas.limits import MAX_QUERY_CHARS, PIN_MAX_ENTRIES, PIN_MIN_IMPORTANCE
 from memstream.schemas.records import Caller, Category, MemoryEntry
 
 if TYPE_CHECKING:
@@ -358,10 +358,16 @@ class MemoryService:
     ) -> RecallResult:
         """The caller's best entries for ``query``, boosted by importance, at most ``limit``
         (default 5, capped at 20). Recall counters of the returned entries are updated.
-        ``MemoryNotBound`` on an agent without Memory bound."""
+        ``MemoryNotBound`` on an agent without Memory bound; ``InvalidRequest`` (``query``) on
+        a query longer than ``MAX_QUERY_CHARS`` (journal search's bound): embedding it is
+        the index's cost, and a query is a question, not a document."""
         await require_memory(self._binding, caller)
         if not isinstance(query, str) or not query.strip():
             raise InvalidRequest("query must be a non-empty string", field="query")
+        if len(query) > MAX_QUERY_CHARS:
+            raise InvalidRequest(
+                f"query must be at most {MAX_QUERY_CHARS} characters", field="query"
+            )
         n = ranking.resolve_limit(limit)
         cat = None if category is None else policy.validate_category(category)
         now = self._clock.now()
