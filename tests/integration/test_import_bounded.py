@@ -32,7 +32,7 @@ from tests.fixtures.served import served
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-AGENT = "import-bot"
+AGENT = "import-bot"  # each test its own agent (a suffix): every line counts as alice's
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -46,7 +46,10 @@ async def api(api_stack: ApiStack) -> AsyncIterator[ApiStack]:
 
 
 def fact(key: str, content: str, category: str = "project_fact") -> bytes:
-    return orjson.dumps({"key": key, "content": content, "category": category})
+    # shared, as the stores below: the same keys, so imports and stores contend for rows
+    return orjson.dumps(
+        {"key": key, "content": content, "category": category, "visibility": "shared"}
+    )
 
 
 async def no_leftovers(api: ApiStack) -> None:
@@ -192,7 +195,9 @@ async def test_concurrent_imports_and_stores_with_failing_lines(api: ApiStack) -
 
     async def imp(j: int) -> None:
         data, expected = body(j)
-        r = await api.client.post(f"/v1/agents/{AGENT}/memory/import", content=data, headers=h)
+        r = await api.client.post(
+            f"/v1/agents/{AGENT}-concurrent/memory/import", content=data, headers=h
+        )
         assert r.status_code == 200, r.text
         report = r.json()
         got = {f["line"]: f["error"].get("field") for f in report["failed"]}
@@ -202,7 +207,7 @@ async def test_concurrent_imports_and_stores_with_failing_lines(api: ApiStack) -
 
     async def store(j: int) -> None:
         r = await api.client.post(
-            f"/v1/agents/{AGENT}/memory/store",
+            f"/v1/agents/{AGENT}-concurrent/memory/store",
             json={"key": f"k{j % 30}", "content": f"fact {j % 30} as store {j} has it",
                   "category": "project_fact", "scope": "shared"},
             headers=h,
@@ -214,7 +219,7 @@ async def test_concurrent_imports_and_stores_with_failing_lines(api: ApiStack) -
     )
     await no_leftovers(api)
     r = await api.client.post(
-        f"/v1/agents/{AGENT}/memory/store",
+        f"/v1/agents/{AGENT}-concurrent/memory/store",
         json={"key": "after", "content": "still fine", "category": "project_fact",
               "scope": "shared"},
         headers=h,
@@ -241,23 +246,25 @@ async def impatient(api: ApiStack) -> AsyncIterator[None]:
 async def test_a_held_lock_answers_503_not_a_hang(api: ApiStack) -> None:
     h = api.headers(user="alice")
     r = await api.client.post(
-        f"/v1/agents/{AGENT}/memory/import", content=fact("locked", "v1") + b"\n", headers=h
+        f"/v1/agents/{AGENT}-locked/memory/import", content=fact("locked", "v1") + b"\n", headers=h
     )
     assert r.json()["created"] == 1, r.text
     lines = fact("free", "written before the held row") + b"\n" + fact("locked", "v2") + b"\n"
     async with impatient(api), api.pool.acquire() as other, other.transaction():
         await other.execute(
             "SELECT 1 FROM memory_entries WHERE agent_id = $1 AND key = 'locked' FOR UPDATE",
-            AGENT,
+            f"{AGENT}-locked",
         )
-        r = await api.client.post(f"/v1/agents/{AGENT}/memory/import", content=lines, headers=h)
+        r = await api.client.post(
+            f"/v1/agents/{AGENT}-locked/memory/import", content=lines, headers=h
+        )
         assert r.status_code == 503, r.text
         assert r.headers["Retry-After"]
         error = r.json()["error"]
         assert error["code"] == "store_busy"
         assert "import line 2" in error["message"]
     # the lock is gone: the same body again is applied, the first line only once
-    r = await api.client.post(f"/v1/agents/{AGENT}/memory/import", content=lines, headers=h)
+    r = await api.client.post(f"/v1/agents/{AGENT}-locked/memory/import", content=lines, headers=h)
     assert r.status_code == 200, r.text
     assert r.json() == {"created": 0, "replaced": 1, "unchanged": 1, "failed": []}
     await no_leftovers(api)
@@ -275,7 +282,7 @@ async def test_no_free_connection_answers_503_not_a_hang(api: ApiStack, pg_dsn: 
     try:
         async with small.acquire():
             r = await api.client.post(
-                f"/v1/agents/{AGENT}/memory/import",
+                f"/v1/agents/{AGENT}-pool/memory/import",
                 content=fact("crowded", "x"),
                 headers=api.headers(user="alice"),
             )
