@@ -18,9 +18,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -31,6 +31,11 @@ from memstream.infra.cli.state import read_state
 from memstream.infra.log_queue import write_off_loop, writing_handlers
 from memstream.infra.logs import formatter
 from memstream.infra.settings import Settings
+
+if TYPE_CHECKING:
+    from memstream.infra.accounts import Accounts
+
+T = TypeVar("T")
 
 log = logging.getLogger("memstream.cli")
 
@@ -324,6 +329,26 @@ def migrate(data_dir: DataDir = None) -> None:
     )
 
 
+def with_accounts(data_dir: Path | None, call: Callable[[Accounts], Awaitable[T]]) -> T:
+    """``call`` on the account store of the configured Postgres (migrated first), run to its
+    end: what every ``memstream keys`` command does."""
+    from memstream.infra.accounts import Accounts
+    from memstream.infra.postgres import create_pool
+    from memstream.infra.postgres import migrate as do_migrate
+
+    dsn = postgres_dsn_or_exit(data_dir)
+
+    async def go() -> T:
+        pool = await create_pool(dsn)
+        try:
+            await do_migrate(pool)
+            return await call(Accounts(pool))
+        finally:
+            await pool.close()
+
+    return cast(T, run(go()))
+
+
 @keys_app.command("create")
 def keys_create(
     account: str,
@@ -338,48 +363,19 @@ def keys_create(
 ) -> None:
     """Create an API key for ACCOUNT and print it (it is shown only this once)."""
     from memstream.agents_ctx.validation import check_id
-    from memstream.infra.accounts import Accounts
-    from memstream.infra.postgres import create_pool
-    from memstream.infra.postgres import migrate as do_migrate
 
     try:
         check_id(account, "ACCOUNT")
     except MemstreamError as e:
         err.print(f"[red]error:[/] {e.message}")
         raise typer.Exit(2) from None
-    dsn = postgres_dsn_or_exit(data_dir)
-
-    async def go() -> str:
-        pool = await create_pool(dsn)
-        try:
-            await do_migrate(pool)
-            return await Accounts(pool).create_key(account, admin=admin)
-        finally:
-            await pool.close()
-
-    key = run(go())
-    print(key)
+    print(with_accounts(data_dir, lambda accounts: accounts.create_key(account, admin=admin)))
 
 
 @keys_app.command("list")
 def keys_list(account: str, data_dir: DataDir = None) -> None:
     """List ACCOUNT's API keys: their first characters, admin or not, created, revoked."""
-    from memstream.infra.accounts import Accounts, KeyListing
-    from memstream.infra.postgres import create_pool
-    from memstream.infra.postgres import migrate as do_migrate
-
-    dsn = postgres_dsn_or_exit(data_dir)
-
-    async def go() -> list[KeyListing]:
-        pool = await create_pool(dsn)
-        try:
-            await do_migrate(pool)
-            return await Accounts(pool).list_keys(account)
-        finally:
-            await pool.close()
-
-    keys = run(go())
-    assert isinstance(keys, list)
+    keys = with_accounts(data_dir, lambda accounts: accounts.list_keys(account))
     if not keys:
         err.print(f"[red]error:[/] no keys for account {account!r}")
         raise typer.Exit(1)
@@ -401,25 +397,11 @@ def keys_revoke(
     data_dir: DataDir = None,
 ) -> None:
     """Revoke an API key (a leaked one): every API process refuses it within 5 s."""
-    from memstream.infra.accounts import Accounts
-    from memstream.infra.postgres import create_pool
-    from memstream.infra.postgres import migrate as do_migrate
-
     value = sys.stdin.readline().strip() if key == "-" else key.strip()
     if not value:
         err.print("[red]error:[/] KEY is empty")
         raise typer.Exit(2)
-    dsn = postgres_dsn_or_exit(data_dir)
-
-    async def go() -> str | None:
-        pool = await create_pool(dsn)
-        try:
-            await do_migrate(pool)
-            return await Accounts(pool).revoke_key(value)
-        finally:
-            await pool.close()
-
-    account = run(go())
+    account = with_accounts(data_dir, lambda accounts: accounts.revoke_key(value))
     if account is None:
         err.print("[red]error:[/] no such key, or it was already revoked")
         raise typer.Exit(1)
@@ -439,9 +421,6 @@ def keys_user_token(
     X-Memstream-User-Token with the account key, or alone as the bearer) and print it."""
     from memstream.agents_ctx import user_tokens
     from memstream.agents_ctx.validation import check_id
-    from memstream.infra.accounts import Accounts
-    from memstream.infra.postgres import create_pool
-    from memstream.infra.postgres import migrate as do_migrate
 
     try:
         check_id(account, "ACCOUNT")
@@ -449,18 +428,12 @@ def keys_user_token(
     except MemstreamError as e:
         err.print(f"[red]error:[/] {e.message}")
         raise typer.Exit(2) from None
-    dsn = postgres_dsn_or_exit(data_dir)
 
-    async def go() -> str | None:
-        pool = await create_pool(dsn)
-        try:
-            await do_migrate(pool)
-            secret = await Accounts(pool).user_token_secret(account, create=True)
-            return None if secret is None else user_tokens.mint(secret, account, user, ttl)
-        finally:
-            await pool.close()
+    async def mint(accounts: Accounts) -> str | None:
+        secret = await accounts.user_token_secret(account, create=True)
+        return None if secret is None else user_tokens.mint(secret, account, user, ttl)
 
-    token = run(go())
+    token = with_accounts(data_dir, mint)
     if token is None:
         err.print(f"[red]error:[/] no account {account!r} (create it with `memstream keys create`)")
         raise typer.Exit(1)
@@ -475,21 +448,9 @@ def keys_require_user_tokens(
 ) -> None:
     """Make ACCOUNT's agent routes require a signed user token: X-Memstream-User alone, and
     calls without a user, are refused with 401 (admin keys are exempt)."""
-    from memstream.infra.accounts import Accounts
-    from memstream.infra.postgres import create_pool
-    from memstream.infra.postgres import migrate as do_migrate
-
-    dsn = postgres_dsn_or_exit(data_dir)
-
-    async def go() -> bool:
-        pool = await create_pool(dsn)
-        try:
-            await do_migrate(pool)
-            return await Accounts(pool).set_require_user_tokens(account, not off)
-        finally:
-            await pool.close()
-
-    if not run(go()):
+    if not with_accounts(
+        data_dir, lambda accounts: accounts.set_require_user_tokens(account, not off)
+    ):
         err.print(f"[red]error:[/] no account {account!r}")
         raise typer.Exit(1)
     out.print(f"{account}: user tokens {'optional' if off else 'required'}")
