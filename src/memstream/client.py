@@ -53,6 +53,11 @@ _ERRORS: Final[dict[str, type[errors.MemstreamError]]] = {
 JSON = dict[str, Any]
 
 
+def _given(**fields: Any) -> JSON:
+    """The fields that were given (not None): a body's optional fields, a query string."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _p(value: str) -> str:
     """``value`` as one path segment: every reserved character escaped, and ``.`` / ``..``
     (which ``quote`` leaves, and httpx would resolve as dot segments, reaching the parent
@@ -138,8 +143,7 @@ class MemstreamClient:
         return cast(JSON, doc)
 
     async def _json(self, method: str, path: str, body: object = None, **params: Any) -> JSON:
-        q = {k: v for k, v in params.items() if v is not None}
-        out = await self._call(method, path, body, q)
+        out = await self._call(method, path, body, _given(**params))
         assert out is not None
         return out
 
@@ -163,12 +167,8 @@ class MemstreamClient:
         max_working_memory_messages: int | None = None,
     ) -> JSON:
         """Create a thread (an id is generated when none is given)."""
-        config: JSON = {}
-        if max_working_memory_messages is not None:
-            config["max_working_memory_messages"] = max_working_memory_messages
-        body: JSON = {"metadata": {"config": config}}
-        if thread_id is not None:
-            body["thread_id"] = thread_id
+        config = _given(max_working_memory_messages=max_working_memory_messages)
+        body = {"metadata": {"config": config}} | _given(thread_id=thread_id)
         return await self._json("POST", f"{self._agent(agent_id)}/threads", body)
 
     async def append(
@@ -223,9 +223,8 @@ class MemstreamClient:
         scope: str,
         importance: float | None = None,
     ) -> JSON:
-        body: JSON = {"key": key, "content": content, "category": category, "scope": scope}
-        if importance is not None:
-            body["importance"] = importance
+        body = {"key": key, "content": content, "category": category, "scope": scope}
+        body |= _given(importance=importance)
         return await self._json("POST", f"{self._agent(agent_id)}/memory/store", body)
 
     async def memory_recall(
@@ -239,10 +238,7 @@ class MemstreamClient:
     ) -> JSON:
         """``after``: a write's ``position`` (read-your-writes): the answer waits until the
         index applied it (``NotReady`` if it does not in time)."""
-        body: JSON = {"query": query}
-        for k, v in (("limit", limit), ("category", category), ("after", after)):
-            if v is not None:
-                body[k] = v
+        body = {"query": query} | _given(limit=limit, category=category, after=after)
         return await self._json("POST", f"{self._agent(agent_id)}/memory/recall", body)
 
     async def memory_forget(self, agent_id: str, key: str) -> bool:
@@ -374,18 +370,14 @@ class MemstreamClient:
         """``explain``: each hit carries its score's breakdown. ``after``: a write's
         ``position`` (read-your-writes): the answer waits until search has it (``NotReady``
         if it does not in time)."""
-        body: JSON = {"query": query}
-        optional = (
-            ("scope", scope),
-            ("thread_id", thread_id),
-            ("limit", limit),
-            ("summarize", summarize),
-            ("explain", explain),
-            ("after", after),
+        body = {"query": query} | _given(
+            scope=scope,
+            thread_id=thread_id,
+            limit=limit,
+            summarize=summarize,
+            explain=explain,
+            after=after,
         )
-        for k, v in optional:
-            if v is not None:
-                body[k] = v
         return await self._json("POST", f"{self._agent(agent_id)}/journal/search", body)
 
     async def tool_call_view(
