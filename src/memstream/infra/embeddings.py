@@ -464,10 +464,9 @@ class CachingEmbedder:
         return await self._cached(texts, "query")
 
     def _key(self, text: str) -> str:
-        data = text.encode("utf-8")
-        h = hashlib.sha256(data).hexdigest()
+        h = content_hash(text)
         uncut = getattr(self._inner, "uncut_bytes", None)
-        if isinstance(uncut, int) and len(data) > uncut:
+        if isinstance(uncut, int) and len(text.encode("utf-8")) > uncut:
             return f"{h}:cut{getattr(self._inner, 'max_tokens', '')}"
         return h
 

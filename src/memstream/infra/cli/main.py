@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Annotated, TypeVar, cast
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from memstream.errors import MemstreamError
 from memstream.infra.cli.state import read_state
@@ -375,6 +374,8 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(account: str, data_dir: DataDir = None) -> None:
     """List ACCOUNT's API keys: their first characters, admin or not, created, revoked."""
+    from rich.table import Table
+
     keys = with_accounts(data_dir, lambda accounts: accounts.list_keys(account))
     if not keys:
         err.print(f"[red]error:[/] no keys for account {account!r}")
