@@ -68,3 +68,61 @@ def openai_errors(messages: object) -> list[str]:
 def anthropic_errors(messages: object) -> list[str]:
     """Why ``messages`` would not type as ``Iterable[anthropic.types.MessageParam]``."""
     return _errors(messages, list[MessageParam], "messages")
+
+
+def openai_linkage_errors(messages: list[dict[str, Any]]) -> list[str]:
+    """Chat Completions' pairing rule: an assistant message with ``tool_calls`` is followed at
+    once by one ``tool`` message for each of its ids, and a ``tool`` message answers an
+    unanswered call of the assistant message just before its run of tool messages."""
+    errs: list[str] = []
+    pending: list[str] = []  # ids of the last call message not answered yet
+    for i, m in enumerate(messages):
+        if m.get("role") == "tool":
+            tid = m.get("tool_call_id")
+            if tid not in pending:
+                errs.append(f"messages[{i}]: tool result for a call not just before it")
+            else:
+                pending.remove(tid)
+            continue
+        if pending:
+            errs.append(f"messages[{i}]: calls {pending} have no tool message before it")
+        pending = [tc["id"] for tc in m.get("tool_calls") or []]
+    if pending:
+        errs.append(f"messages[-1]: calls {pending} have no tool message")
+    return errs
+
+
+def anthropic_linkage_errors(messages: list[dict[str, Any]]) -> list[str]:
+    """Messages API's pairing rule: every ``tool_use`` of an assistant turn is answered by a
+    ``tool_result`` in the very next user turn, which starts with its results (no text before
+    them); a ``tool_result`` answers a ``tool_use`` of the turn just before; no text block
+    is empty."""
+    errs: list[str] = []
+    pending: set[Any] = set()
+    for i, turn in enumerate(messages):
+        content = turn.get("content")
+        blocks: list[dict[str, Any]] = (
+            [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        )
+        kinds = [b.get("type") for b in blocks]
+        if any(b.get("type") == "text" and not b.get("text") for b in blocks):
+            errs.append(f"messages[{i}]: empty text block")
+        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        last_result = max((j for j, k in enumerate(kinds) if k == "tool_result"), default=-1)
+        if last_result > 0 and "text" in kinds[:last_result]:
+            errs.append(f"messages[{i}]: text before a tool_result")
+        if turn.get("role") == "user":
+            for rid in results:
+                if rid not in pending:
+                    errs.append(f"messages[{i}]: tool_result {rid} answers no tool_use just before")
+            missing = pending - set(results)
+            if missing:
+                errs.append(f"messages[{i}]: tool_use {sorted(missing)} not answered")
+            pending = set()
+        else:
+            if pending:
+                errs.append(f"messages[{i}]: tool_use {sorted(pending)} not answered")
+            pending = {b.get("id") for b in blocks if b.get("type") == "tool_use"}
+    if pending:
+        errs.append(f"messages[-1]: tool_use {sorted(pending)} not answered")
+    return errs

@@ -254,6 +254,45 @@ async def test_context_goes_to_chat_completions_unchanged(
     assert fake.requests[-1]["messages"] == msgs
 
 
+async def test_a_user_message_sent_while_a_tool_ran_still_makes_a_valid_prompt(
+    stack: ApiStack, openai_server: tuple[FakeOpenAI, str]
+) -> None:
+    """Appended in the order things happened (a user message lands while the tool runs, a
+    call never answered), the context is still a prompt both model APIs accept."""
+    fake, url = openai_server
+    agent = fresh()
+    call = {"id": "c1", "type": "function", "function": {"name": "book", "arguments": "{}"}}
+    lost = {"id": "c0", "type": "function", "function": {"name": "book", "arguments": "{}"}}
+    turns = [
+        {"role": "user", "content": "book a table"},
+        {"role": "assistant", "content": None, "tool_calls": [lost]},  # crashed before a result
+        {"role": "user", "content": "hello?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "user", "content": "for four people"},
+        {"role": "tool", "tool_call_id": "c1", "content": "booked"},
+        {"role": "assistant", "content": "Booked."},
+    ]
+    r = await stack.client.post(
+        f"/v1/agents/{agent}/threads/t/messages", json={"messages": turns}, headers=stack.headers()
+    )
+    assert r.status_code == 201, r.text
+    msgs = messages(await context(stack, agent, "t"))
+    assert msgs == [turns[0], turns[2], turns[3], turns[5], turns[4], turns[6]]
+    client = AsyncOpenAI(api_key="sk-test", base_url=url, max_retries=0)
+    await client.chat.completions.create(model="gpt-test", messages=msgs)  # type: ignore[arg-type]  # the JSON as a client sends it
+    with pytest.raises(BadRequestError):  # the order as appended is what the API refuses
+        await client.chat.completions.create(model="gpt-test", messages=turns)  # type: ignore[arg-type]  # deliberately as appended
+    anthropic = messages(await context(stack, agent, "t", format="anthropic"))
+    assert anthropic[-2] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "c1", "content": "booked"},
+            {"type": "text", "text": "for four people"},
+        ],
+    }
+    assert fake.requests[-2]["messages"] == msgs
+
+
 async def test_fake_server_refuses_what_a_model_api_refuses(
     openai_server: tuple[FakeOpenAI, str],
 ) -> None:

@@ -1,6 +1,6 @@
 """Messages in the shapes model APIs use: OpenAI Chat Completions in and out, the Anthropic
-Messages rendering, and the window edge (no leading orphan tool results). Checked against
-the ``openai`` and ``anthropic`` packages' own request types."""
+Messages rendering, and tool calls paired with their results in every window. Checked
+against the ``openai`` and ``anthropic`` packages' own request types and pairing rules."""
 
 from __future__ import annotations
 
@@ -8,18 +8,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memstream.agents_ctx.context import Context, ContextMessage, assemble, window_message
 from memstream.agents_ctx.message_shapes import (
     anthropic_messages,
     check_format,
-    drop_leading_orphans,
     openai_message,
 )
 from memstream.agents_ctx.validation import parse_append_body
 from memstream.errors import InvalidRequest
 from memstream.schemas.records import Message, NewMessage, ToolCall
-from tests.shapes import anthropic_errors, openai_errors
+from tests.shapes import (
+    anthropic_errors,
+    anthropic_linkage_errors,
+    openai_errors,
+    openai_linkage_errors,
+)
 
 # A conversation exactly as an OpenAI agent loop holds it.
 OPENAI_TURN: list[dict[str, object]] = [
@@ -147,7 +153,118 @@ def test_leading_orphans_are_dropped_only_at_the_edge() -> None:
     ctx = assemble([], None, msgs, window_limit=4)
     assert [m.role for m in ctx.messages] == ["assistant", "tool", "tool", "assistant"]
     assert openai_errors(ctx.to_dict()["messages"]) == []
-    assert drop_leading_orphans([]) == []
+    assert assemble([], None, [], window_limit=4).messages == ()
+
+
+def _msg(role: str, content: str = "", calls: tuple[str, ...] = (), answers: str | None = None
+         ) -> ContextMessage:  # fmt: skip
+    return ContextMessage(role, content, tuple(ToolCall(c, "f", {}) for c in calls), answers)  # type: ignore[arg-type]  # role from the test's literals
+
+
+def _both_apis_accept(ctx: Context) -> None:
+    openai = ctx.to_dict()["messages"]
+    anthropic = ctx.to_dict("anthropic")["messages"]
+    assert openai_errors(openai) + openai_linkage_errors(openai) == []  # type: ignore[arg-type]  # JSON lists
+    assert anthropic_errors(anthropic) + anthropic_linkage_errors(anthropic) == []  # type: ignore[arg-type]  # JSON lists
+
+
+def _assembled(window: list[ContextMessage]) -> Context:
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    msgs = [Message("a", "g", "t", i, f"m{i}", m.role, m.content, t, 0, i + 1, None,
+                    m.tool_calls, m.tool_call_id) for i, m in enumerate(window)]  # fmt: skip
+    return assemble([], None, msgs)
+
+
+def test_a_user_message_sent_while_a_tool_ran_goes_after_the_results() -> None:
+    ctx = _assembled([
+        _msg("user", "book a table and check the weather"),
+        _msg("assistant", "", ("a", "b")),
+        _msg("tool", "booked", answers="a"),
+        _msg("user", "for four people"),
+        _msg("tool", "sunny", answers="b"),
+        _msg("assistant", "Booked for four; sunny."),
+    ])  # fmt: skip
+    assert [(m.role, m.content) for m in ctx.messages] == [
+        ("user", "book a table and check the weather"),
+        ("assistant", ""),
+        ("tool", "booked"),
+        ("tool", "sunny"),
+        ("user", "for four people"),
+        ("assistant", "Booked for four; sunny."),
+    ]
+    _both_apis_accept(ctx)
+    turns: Any = ctx.to_dict("anthropic")["messages"]  # JSON, navigated by the test
+    assert [b["type"] for b in turns[2]["content"]] == ["tool_result", "tool_result", "text"]
+
+
+def test_a_call_never_answered_is_left_out_and_its_text_kept() -> None:
+    ctx = _assembled([
+        _msg("user", "what is on my calendar?"),
+        _msg("assistant", "", ("lost",)),  # the runtime crashed before the result
+        _msg("user", "hello?"),
+        _msg("assistant", "Let me check both.", ("a", "b")),
+        _msg("tool", "10:00 dentist", answers="a"),  # b never answered
+        _msg("assistant", "A dentist at 10."),
+    ])  # fmt: skip
+    assert [(m.role, m.content, [c.id for c in m.tool_calls]) for m in ctx.messages] == [
+        ("user", "what is on my calendar?", []),
+        ("user", "hello?", []),
+        ("assistant", "Let me check both.", ["a"]),
+        ("tool", "10:00 dentist", []),
+        ("assistant", "A dentist at 10.", []),
+    ]
+    _both_apis_accept(ctx)
+
+
+def test_a_second_result_for_one_call_and_a_result_before_its_call_are_dropped() -> None:
+    ctx = _assembled([
+        _msg("tool", "early", answers="x"),
+        _msg("assistant", "", ("x",)),
+        _msg("tool", "first", answers="x"),
+        _msg("tool", "retried", answers="x"),
+        _msg("assistant", "", ("x",)),  # the same id called again: its result is used up
+        _msg("assistant", "done"),
+    ])  # fmt: skip
+    assert [(m.role, m.content) for m in ctx.messages] == [
+        ("assistant", ""),
+        ("tool", "first"),
+        ("assistant", "done"),
+    ]
+    _both_apis_accept(ctx)
+
+
+_ROLES = st.sampled_from(["user", "assistant", "tool", "system"])
+
+
+@st.composite
+def _windows(draw: st.DrawFn) -> list[ContextMessage]:
+    ids = st.sampled_from(["a", "b", "c", "d"])
+    out = []
+    for _ in range(draw(st.integers(0, 14))):
+        role = draw(_ROLES)
+        text = draw(st.sampled_from(["", "hi"]))
+        if role == "assistant":
+            out.append(_msg(role, text, tuple(draw(st.lists(ids, max_size=3)))))
+        elif role == "tool":
+            out.append(_msg(role, text, answers=draw(ids)))
+        else:
+            out.append(_msg(role, text or "hi"))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(_windows())
+def test_every_window_is_one_both_apis_accept(window: list[ContextMessage]) -> None:
+    """Whatever order calls and results were appended in, the context is accepted by both
+    APIs, and it is made only of what was appended (nothing added, each message once)."""
+    ctx = _assembled(window)
+    _both_apis_accept(ctx)
+    kept = list(ctx.messages)
+    assert len(kept) <= len(window)
+    originals = {(m.role, m.content, m.tool_call_id) for m in window}
+    assert all((m.role, m.content, m.tool_call_id) in originals for m in kept)
+    results = [m.tool_call_id for m in kept if m.role == "tool"]
+    assert len(results) == len(set(results))
 
 
 def test_anthropic_rendering() -> None:

@@ -9,8 +9,9 @@ The assembled conversation is, in order (the spec's "What the context looks like
 2. the rolling **summary** as a second system message, "Previous conversation summary: ...",
    if the thread has one;
 3. the recent **window** read straight from the journal: 20 messages, lowered (never raised)
-   by the thread's ``metadata.config.max_working_memory_messages``; a leading ``tool``
-   result whose call was cut off by the window edge is dropped (model APIs refuse it).
+   by the thread's ``metadata.config.max_working_memory_messages``; tool results are put
+   right after their call, and a result whose call is not in the window (cut off by its
+   edge) or a call with no result is left out, so model APIs accept every window.
 
 Messages come out in the OpenAI Chat Completions shape, or the Anthropic Messages shape
 (``Context.to_dict("anthropic")``); both are in ``agents_ctx.message_shapes``.
@@ -45,8 +46,8 @@ from memstream.agents_ctx.access import not_found
 from memstream.agents_ctx.message_shapes import (
     Format,
     anthropic_messages,
-    drop_leading_orphans,
     openai_message,
+    pair_tool_results,
 )
 from memstream.agents_ctx.validation import check_id
 from memstream.clock import Clock
@@ -161,6 +162,10 @@ def window_message(m: Message) -> ContextMessage:
     return ContextMessage(m.role, m.content, m.tool_calls, m.tool_call_id)
 
 
+def _with_calls(m: ContextMessage, calls: tuple[ToolCall, ...]) -> ContextMessage:
+    return ContextMessage(m.role, m.content, calls, m.tool_call_id)
+
+
 def assemble(
     pinned: Sequence[MemoryEntry],
     summary: Summary | None,
@@ -168,16 +173,16 @@ def assemble(
     window_limit: int = WINDOW_MESSAGES,
 ) -> Context:
     """Pinned block, then summary, then the last ``window_limit`` of ``window`` (oldest
-    first), less any leading ``tool`` results whose call was cut off. Pure: the caller has
-    already fetched the parts."""
+    first), its tool calls paired with their results (``pair_tool_results``). Pure: the
+    caller has already fetched the parts."""
     limit = max(0, min(window_limit, WINDOW_MESSAGES))
     messages: list[ContextMessage] = []
     if pinned:
         messages.append(ContextMessage("system", render_pinned(pinned)))
     if summary is not None:
         messages.append(ContextMessage("system", render_summary(summary)))
-    recent = drop_leading_orphans(list(window)[-limit:]) if limit else []
-    messages.extend(window_message(m) for m in recent)
+    recent = [window_message(m) for m in list(window)[-limit:]] if limit else []
+    messages.extend(pair_tool_results(recent, _with_calls))
     return Context(tuple(messages), tuple(pinned), summary, limit)
 
 

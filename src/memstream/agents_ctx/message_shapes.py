@@ -15,13 +15,14 @@ One internal record (:class:`~memstream.schemas.records.Message`, tool calls as
   messages joined apart as ``system`` text; assistant text and ``tool_use`` blocks; tool
   results as ``tool_result`` blocks in a user turn; consecutive same-role turns merged.
 
-:func:`drop_leading_orphans` keeps a window from starting with a ``tool`` message whose
-call was cut off (model APIs refuse those).
+:func:`pair_tool_results` makes a window one both APIs accept: every call answered, its
+results right after it, no result without its call (the window edge, a crash between a call
+and its result, and a user message sent while a tool ran all break that pairing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Literal, Protocol, TypeVar, cast, get_args
 
 import orjson
@@ -171,14 +172,53 @@ def anthropic_messages(messages: Sequence[ShapedMessage]) -> tuple[str, list[JSO
     return "\n\n".join(system), out
 
 
-# --- the window edge -----------------------------------------------------------------------------
-def drop_leading_orphans(window: Sequence[M]) -> list[M]:
-    """The window without its leading ``tool`` messages: their call is before the window
-    (cut off), and model APIs refuse a tool result with no call. Only ever removes."""
-    start = 0
-    while start < len(window) and window[start].role == "tool":
-        start += 1
-    return list(window[start:])
+# --- tool calls and their results ---------------------------------------------------------------
+def pair_tool_results(
+    window: Sequence[M], with_calls: Callable[[M, tuple[ToolCall, ...]], M]
+) -> list[M]:
+    """The window as both model APIs accept it: every tool call answered, right after it.
+
+    OpenAI and Anthropic refuse (400) a tool result with no call before it, a call with no
+    result, and anything between a call and its results. A window can hold all three: its
+    edge cuts a call off from its results, a runtime can crash between the call and the
+    result, a user message can land while a tool runs. So:
+
+    - each call's result is moved to right after the message that made the call (the
+      first result for that id after the call; a second result, or a second call with an
+      id already paired, is dropped: ids are unique in a request);
+    - a result with no call before it in the window is dropped (the window edge cut it off);
+    - a call with no result after it is taken out of its message (``with_calls`` makes the
+      message with the calls left), and a message left with neither text nor calls is
+      dropped.
+
+    Nothing else moves, and nothing is added: the window only ever gets smaller.
+    """
+    results: dict[str, list[int]] = {}
+    for i, m in enumerate(window):
+        if m.role == "tool" and m.tool_call_id is not None:
+            results.setdefault(m.tool_call_id, []).append(i)
+    out: list[M] = []
+    called: set[str] = set()  # ids paired already: an id is used once (Anthropic's rule)
+    for i, m in enumerate(window):
+        if m.role == "tool":
+            continue  # placed right after its call, or dropped
+        if not m.tool_calls:
+            out.append(m)
+            continue
+        calls: list[ToolCall] = []
+        answers: list[int] = []
+        for tc in m.tool_calls:
+            at = next((j for j in results.get(tc.id, ()) if j > i), None)
+            if at is not None and tc.id not in called:
+                called.add(tc.id)
+                calls.append(tc)
+                answers.append(at)
+        if len(calls) == len(m.tool_calls):
+            out.append(m)
+        elif calls or m.content:
+            out.append(with_calls(m, tuple(calls)))
+        out.extend(window[j] for j in answers)
+    return out
 
 
 def check_format(raw: str | None) -> Format:
