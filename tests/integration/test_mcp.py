@@ -5,6 +5,7 @@ errors that name the field."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import sys
@@ -25,6 +26,7 @@ from memstream.agents_ctx.mcp_server import TOOL_NAMES, local_mcp_server
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.clock import FixedClock
 from memstream.infra.accounts import Accounts
+from memstream.schemas.limits import MAX_REQUEST_BYTES
 from memstream.schemas.records import Caller
 from tests.fixtures.api import ApiStack
 
@@ -278,6 +280,36 @@ async def test_the_api_serves_mcp_with_the_same_key_user_and_rules(api_stack: Ap
             for headers in ({}, {"Authorization": "Bearer msk_wrong"}):
                 resp = await raw.post(f"/v1/agents/{agent}/mcp", json=ping, headers=headers)
                 assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthorized"
+            auth = {"Authorization": f"Bearer {api_stack.key}"}
+            mcp_headers = auth | {
+                "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json",
+            }
+            # stateless: no server stream to hold open, no session to end
+            for method in ("GET", "DELETE"):
+                async with asyncio.timeout(10):
+                    resp = await raw.request(
+                        method, f"/v1/agents/{agent}/mcp", headers=mcp_headers | {"Accept": "text/event-stream"}
+                    )  # fmt: skip
+                assert resp.status_code == 405, (method, resp.text)
+                assert resp.headers["allow"] == "POST" and resp.json()["error"]["message"]
+            # one body limit, answered with the usual error body, declared or streamed
+            huge = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": "%s"}}'
+            over = huge % (b"a" * MAX_REQUEST_BYTES)
+            under = huge % (b"a" * (5 << 20))  # over the SDK's own 4 MiB, under ours
+
+            async def streamed(body: bytes) -> AsyncIterator[bytes]:
+                for i in range(0, len(body), 1 << 20):
+                    yield body[i : i + (1 << 20)]
+
+            for content in (over, streamed(over)):
+                resp = await raw.post(
+                    f"/v1/agents/{agent}/mcp", content=content, headers=mcp_headers
+                )
+                assert resp.status_code == 413, resp.text
+                assert resp.json()["error"]["field"] == "body"
+            resp = await raw.post(f"/v1/agents/{agent}/mcp", content=under, headers=mcp_headers)
+            assert resp.status_code == 200, resp.text[:200]
         async with http_session(app, api_stack.key, agent) as anon:
             await check_tools(anon)
             await store_recall_forget_through_a_session(anon, agent, memory)

@@ -8,7 +8,11 @@ run on ``services.memory`` for that caller, i.e. the same service, index and rul
 
 The session manager runs **stateless** with JSON answers: every POST carries its own
 credentials and is answered on its own, so a session can never outlive or change its
-caller. It is started lazily on the first request (``memstream up`` serves uvicorn with
+caller. With no session there is no server stream to open and no session to end, so a
+``GET`` or ``DELETE`` is answered ``405`` with ``Allow: POST``, as the MCP transport spec
+lets a server do (the SDK's stateless transport would hold a ``GET`` open, idle, for as long
+as the caller likes). Bodies obey the API's one limit (``BodyLimit``, 413 with the usual
+error body naming ``body``): the SDK's own, smaller limit answered plain text. It is started lazily on the first request (``memstream up`` serves uvicorn with
 ``lifespan="off"``) and stopped by :meth:`McpEndpoint.close`.
 """
 
@@ -28,6 +32,7 @@ from memstream.agents_ctx.http.errors import error_response
 from memstream.agents_ctx.mcp_server import MemoryTools, ServiceTools, build_mcp_server
 from memstream.agents_ctx.services import Services
 from memstream.errors import InfraError, MemstreamError
+from memstream.schemas.limits import MAX_REQUEST_BYTES
 from memstream.schemas.records import Caller
 
 _CALLER = "memstream_caller"
@@ -44,6 +49,7 @@ class McpEndpoint:
         server.streamable_http_app(
             json_response=True,
             stateless_http=True,
+            max_request_body_size=MAX_REQUEST_BYTES + 1,  # BodyLimit answers first
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
         self._manager: StreamableHTTPSessionManager = server.session_manager
@@ -89,6 +95,16 @@ class McpEndpoint:
             )
         except MemstreamError as e:
             resp = error_response(e.status, e.code, e.message, e.field)
+            await resp(scope, receive, send)
+            return
+        if scope.get("method") != "POST":
+            resp = error_response(
+                405,
+                "invalid_request",
+                "this MCP endpoint is stateless: POST each JSON-RPC message "
+                "(there is no server stream to GET and no session to DELETE)",
+            )
+            resp.headers["Allow"] = "POST"
             await resp(scope, receive, send)
             return
         scope.setdefault("state", {})[_CALLER] = caller
