@@ -12,6 +12,9 @@ in an order rotating by round, so no path gets a quieter stretch of the machine 
 
 - ``in-process``: ``ContextReader.context`` — thread record, pinned query, summary (Redis),
   last-20 journal scan with decoding, all gathered; then the pure render/assemble;
+- ``recap``: the same with ``recap=True``: every thread here has 30 messages between its
+  summary (offset 49) and its window (80-99), so each call also reads those 30 from the
+  journal and digests them (the offline extractive model, 256 tokens);
 - ``http``: ``GET .../context`` through uvicorn on localhost (httpx client in the same
   event loop, so the client's own time is included);
 - ``http-lean``: the same requests from a minimal keep-alive HTTP/1.1 client (asyncio
@@ -229,6 +232,10 @@ async def main(args: argparse.Namespace) -> None:
         async def in_process(ref: ThreadRef) -> object:
             return await reader.context(Caller(ACCOUNT, ref.agent_id, users[ref]), ref.thread_id)
 
+        async def in_process_recap(ref: ThreadRef) -> object:
+            caller = Caller(ACCOUNT, ref.agent_id, users[ref])
+            return await reader.context(caller, ref.thread_id, recap=True)
+
         async def raw(ref: ThreadRef) -> object:
             async def scan() -> object:
                 it = await journal._db.scan_prefix_with_options(
@@ -350,6 +357,7 @@ async def main(args: argparse.Namespace) -> None:
                 "raw": raw,
                 "raw+thread": raw_and_thread,
                 "in-process": in_process,
+                "recap": in_process_recap,
                 "http": over_http,
                 "http-lean": over_lean(lean),
                 "lean-before": over_lean(plain_lean),
@@ -376,7 +384,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"{cpu_ms:7.2f}  {p50 / base50:.2f}x / {p99 / base99:.2f}x"
             )
         inproc = results["in-process"]
-        for name in ("http", "http-lean", "lean-before", "asgi"):
+        for name in ("recap", "http", "http-lean", "lean-before", "asgi"):
             xs = results[name]
             print(
                 f"{name} / in-process: p50 {pct(xs, 0.5) / pct(inproc, 0.5):.2f}x, "

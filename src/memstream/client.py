@@ -189,17 +189,20 @@ class MemstreamClient:
         parent_thread_id: str | None = None,
         parent_agent_id: str | None = None,
         format: str | None = None,  # noqa: A002 - the route's query parameter
+        recap: bool = False,
     ) -> JSON:
         """The context for one turn: ``{"messages", "pinned", "summary", "window"}``, the
         messages in the OpenAI Chat Completions shape (``format="anthropic"``: Anthropic
         Messages turns plus ``"system"``). Pass ``parent_thread_id`` (and
-        ``parent_agent_id``) for a delegated sub-agent."""
+        ``parent_agent_id``) for a delegated sub-agent. ``recap=True`` adds a digest of the
+        messages in neither the summary nor the window (and ``"recap"`` in the answer)."""
         return await self._json(
             "GET",
             f"{self._thread(agent_id, thread_id)}/context",
             parent_thread_id=parent_thread_id,
             parent_agent_id=parent_agent_id,
             format=format,
+            recap="true" if recap else None,
         )
 
     async def summary(self, agent_id: str, thread_id: str) -> JSON | None:

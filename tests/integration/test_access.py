@@ -100,6 +100,7 @@ async def test_someone_elses_thread_is_not_found_on_every_route(users: Users) ->
     for c in (users.bob, users.anon):
         refusals = {
             "context": c.context(agent, thread),
+            "context with a recap": c.context(agent, thread, recap=True),
             "append": c.append(agent, thread, {"role": "user", "content": "let me in"}),
             "delete": c.delete_thread(agent, thread),
             "create": c.create_thread(agent, thread, max_working_memory_messages=3),
@@ -122,6 +123,7 @@ async def test_someone_elses_thread_is_not_found_on_every_route(users: Users) ->
     assert await users.stack.journal.last(ThreadRef("acme", agent, thread), 100) == before
     ctx = await users.alice.context(agent, thread)
     assert ctx["window"] == 10 and SECRET in str(ctx["messages"])
+    assert "recap" in await users.alice.context(agent, thread, recap=True)
     assert (await users.alice.summary(agent, thread)) is not None
     assert (await users.alice.tool_call_view(agent, "call_0"))["name"] == "vault"
     sub = await users.alice.context(agent, "sub", parent_thread_id=thread)

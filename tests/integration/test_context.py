@@ -17,7 +17,14 @@ import redis.asyncio as aioredis
 from obstore.store import LocalStore
 from openai import AsyncOpenAI, BadRequestError
 
-from memstream.agents_ctx.context import FACTS_CLOSE, FACTS_DISCLAIMER, FACTS_OPEN
+from memstream.agents_ctx.context import (
+    FACTS_CLOSE,
+    FACTS_DISCLAIMER,
+    FACTS_OPEN,
+    RECAP_MAX_MESSAGES,
+    RECAP_PREFIX,
+    SUMMARY_PREFIX,
+)
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.infra.journal import Journal, local_store
 from memstream.infra.metrics import Metrics
@@ -104,15 +111,17 @@ async def context(
     return body
 
 
-async def write_summary(s: ApiStack, agent: str, thread: str, content: str) -> Summary:
+async def write_summary(
+    s: ApiStack, agent: str, thread: str, content: str, last_offset: int = 4
+) -> Summary:
     summary = Summary(
         version=1,
         timestamp=s.clock.now(),
-        last_message_offset=4,
-        last_message_id="m4",
+        last_message_offset=last_offset,
+        last_message_id=f"m{last_offset}",
         content=content,
         token_count=12,
-        message_count=5,
+        message_count=last_offset + 1,
     )
     assert s.services.summary_store is not None
     await s.services.summary_store.write(ThreadRef("acme", agent, thread), summary, 0)
@@ -165,6 +174,72 @@ async def test_order_pinned_then_summary_then_window(stack: ApiStack) -> None:
     assert keys(ctx) == ["name", "lang"]  # project_fact never pinned
     assert ctx["summary"] == summary.to_dict()
     assert ctx["window"] == 20
+
+
+async def test_a_recap_brings_back_what_neither_summary_nor_window_holds(
+    stack: ApiStack,
+) -> None:
+    """A chatty thread: the summary was written at message 50, the window holds the last 20
+    of 90, and what the user said at message 60 is in neither, unless a recap is asked for."""
+    agent = fresh()
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"ok, noted point {i}"}
+        for i in range(90)
+    ]
+    turns[60]["content"] = "My flight tomorrow is LH 1234 from Munich."
+    r = await stack.client.post(
+        f"/v1/agents/{agent}/threads/t/messages",
+        json={"messages": turns},
+        headers=stack.headers(user="alice"),
+    )
+    assert r.status_code == 201, r.text
+    await write_summary(stack, agent, "t", "Alice is planning a trip.", last_offset=49)
+
+    plain = await context(stack, agent, "t")
+    assert "recap" not in plain  # the spec's layout, unchanged by default
+    assert not any("LH 1234" in m["content"] for m in messages(plain))  # forgotten
+    assert [m["content"] for m in messages(plain)][1:] == [t["content"] for t in turns[70:]]
+
+    ctx = await context(stack, agent, "t", recap="true")
+    recap = ctx["recap"]
+    assert isinstance(recap, dict)
+    assert (recap["first_offset"], recap["last_offset"], recap["message_count"]) == (50, 69, 20)
+    assert recap["left_out"] == 0 and "LH 1234" in recap["content"]
+    msgs = messages(ctx)
+    assert msgs[0]["content"].startswith(SUMMARY_PREFIX)
+    assert msgs[1] == {"role": "system", "content": RECAP_PREFIX + recap["content"]}
+    assert [m["content"] for m in msgs[2:]] == [t["content"] for t in turns[70:]]  # window: 20
+    anthropic = await context(stack, agent, "t", recap="1", format="anthropic")
+    assert isinstance(anthropic["system"], str) and "LH 1234" in anthropic["system"]
+
+    # no gap: a recap of nothing; a thread with no summary yet: everything before the window
+    short = fresh()
+    await append(stack, short, "t", 30)
+    ctx = await context(stack, short, "t", recap="true")
+    assert isinstance(ctx["recap"], dict)
+    assert (ctx["recap"]["first_offset"], ctx["recap"]["last_offset"]) == (0, 9)
+    await write_summary(stack, short, "t", "covered", last_offset=15)
+    assert (await context(stack, short, "t", recap="true"))["recap"] is None
+    # the summarizer far behind (no summary after 120 messages): the newest 60 of the gap
+    behind = fresh()
+    await append(stack, behind, "t", 120)
+    recap = (await context(stack, behind, "t", recap="true"))["recap"]
+    assert isinstance(recap, dict)
+    assert (recap["first_offset"], recap["last_offset"]) == (0, 99)
+    assert (recap["message_count"], recap["left_out"]) == (RECAP_MAX_MESSAGES, 40)
+    # the same access rule as the context: bob reads nothing of alice's thread
+    r = await stack.client.get(
+        f"/v1/agents/{agent}/threads/t/context",
+        params={"recap": "true"},
+        headers=stack.headers(user="bob"),
+    )
+    assert r.status_code == 404
+    r = await stack.client.get(
+        f"/v1/agents/{agent}/threads/t/context",
+        params={"recap": "yes please"},
+        headers=stack.headers(user="alice"),
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "recap"
 
 
 async def test_no_pinned_no_summary_gives_only_the_window(stack: ApiStack) -> None:

@@ -1,5 +1,6 @@
 """The pure half of context assembly: rendering the pinned block, the order of the parts,
-the window clamp, and the escaping that keeps stored content inside the block."""
+the window clamp, the escaping that keeps stored content inside the block, and the span a
+recap covers."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from memstream.agents_ctx.context import (
     FACTS_CLOSE,
     FACTS_DISCLAIMER,
     FACTS_OPEN,
+    RECAP_PREFIX,
+    Recap,
     assemble,
     escape_fact,
+    recap_span,
     render_pinned,
     window_size,
 )
@@ -31,6 +35,10 @@ def msg(i: int) -> Message:
 
 
 SUMMARY = Summary(1, T, 3, "m3", "they talked", 5, 4)
+
+
+def summary_to(last: int) -> Summary:
+    return Summary(1, T, last, f"m{last}", "they talked", 5, last + 1)
 
 
 def test_order_is_pinned_summary_window() -> None:
@@ -89,3 +97,36 @@ def test_no_content_can_break_the_block(facts: list[tuple[str, str]]) -> None:
     assert out.count("<fact ") == len(facts) and out.count("</fact>") == len(facts)
     for line in lines[1:-2]:
         assert line.startswith('<fact key="') and line.endswith("</fact>")
+
+
+def newest(total: int, n: int = 20) -> list[Message]:
+    """What the context reads: the newest ``n`` of a thread of ``total`` messages."""
+    return [msg(i) for i in range(max(0, total - n), total)]
+
+
+def test_the_recap_covers_what_neither_the_summary_nor_the_window_holds() -> None:
+    # summarized to 49, 90 messages, a window of 20 (70..89): 50..69 are in neither
+    assert recap_span(summary_to(49), newest(90), 20) == (50, 69)
+    # the summary reaches into the window: nothing in between
+    assert recap_span(summary_to(49), newest(60), 20) is None
+    assert recap_span(summary_to(69), newest(90), 20) is None
+    # no summary yet: everything before the window; a thread within its window: nothing
+    assert recap_span(None, newest(30), 20) == (0, 9)
+    assert recap_span(None, newest(12), 20) is None
+    assert recap_span(None, [], 20) is None
+    # a thread's smaller window leaves more out; a window of 0 leaves everything out
+    assert recap_span(summary_to(49), newest(90), 5) == (50, 84)
+    assert recap_span(summary_to(49), newest(90), 0) == (50, 89)
+    assert recap_span(None, newest(12), 5) == (0, 6)
+
+
+def test_the_recap_goes_between_summary_and_window() -> None:
+    recap = Recap(4, 9, 6, 0, "she booked a flight")
+    ctx = assemble([entry("a", "x")], SUMMARY, newest(30), 20, recap)
+    assert [m.content for m in ctx.messages[1:3]] == [
+        "Previous conversation summary: they talked",
+        RECAP_PREFIX + "she booked a flight",
+    ]
+    assert len(ctx.messages) == 23 and ctx.to_dict()["recap"] == recap.to_dict()
+    assert "recap" not in assemble([], SUMMARY, newest(30)).to_dict()  # not asked for
+    assert assemble([], None, newest(5), recap_asked=True).to_dict()["recap"] is None

@@ -16,6 +16,13 @@ The assembled conversation is, in order (the spec's "What the context looks like
 Messages come out in the OpenAI Chat Completions shape, or the Anthropic Messages shape
 (``Context.to_dict("anthropic")``); both are in ``agents_ctx.message_shapes``.
 
+**Recap** (asked for with ``recap=True``; the spec's layout is the default): the summary is
+written at 2,000 tokens or 50 messages, the window holds 20, so a chatty thread has up to 30
+messages that are in neither, and the model does not see them. With a recap, an extractive
+digest of those messages (the offline summary model, at most ``RECAP_TOKEN_BUDGET`` tokens
+over the last ``RECAP_MAX_MESSAGES`` of them) comes as a system message between the summary
+and the window. Read from the journal like the window; nothing is cached.
+
 Guarantees:
 
 - **Frozen snapshot**: the pinned set is read once per assembly; a ``memory_store`` that lands
@@ -52,6 +59,8 @@ from memstream.agents_ctx.message_shapes import (
 from memstream.agents_ctx.validation import check_id
 from memstream.clock import Clock
 from memstream.errors import InfraError, InvalidRequest
+from memstream.infra.llm.summary import extractive_summary
+from memstream.infra.tokenizer import count_tokens
 from memstream.schemas.limits import WINDOW_MESSAGES
 from memstream.schemas.records import (
     Caller,
@@ -78,6 +87,14 @@ FACTS_DISCLAIMER: Final = (
     "inside them."
 )
 SUMMARY_PREFIX: Final = "Previous conversation summary: "
+RECAP_PREFIX: Final = (
+    "Earlier in this conversation (after the summary, before the recent messages): "
+)
+RECAP_TOKEN_BUDGET: Final = 256
+"""The recap's size: half the summary's default budget."""
+RECAP_MAX_MESSAGES: Final = 60
+"""The recap reads at most this many messages (the newest of the gap): 30 at most in steady
+state; more only while the summarizer is behind."""
 
 _LINE_BREAKS: Final = str.maketrans(
     {"\r": "\\r", "\n": "\\n"}
@@ -101,6 +118,28 @@ class ContextMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class Recap:
+    """A digest of the messages in neither the summary nor the window: offsets
+    ``first_offset``..``last_offset`` of the thread, ``message_count`` of them read (the
+    newest ``RECAP_MAX_MESSAGES`` of the gap; ``left_out`` older ones were not)."""
+
+    first_offset: int
+    last_offset: int
+    message_count: int
+    left_out: int
+    content: str
+
+    def to_dict(self) -> JSONObject:
+        return {
+            "first_offset": self.first_offset,
+            "last_offset": self.last_offset,
+            "message_count": self.message_count,
+            "left_out": self.left_out,
+            "content": self.content,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Context:
     """One turn's context: the messages in order, and the parts they were built from.
 
@@ -112,10 +151,13 @@ class Context:
     pinned: tuple[MemoryEntry, ...]
     summary: Summary | None
     window: int
+    recap: Recap | None = None
+    recap_asked: bool = False
 
     def to_dict(self, fmt: Format = "openai") -> JSONObject:
-        """``{"messages", "pinned", "summary", "window"}``; with ``fmt="anthropic"`` the
-        messages are Anthropic Messages turns and the system text is apart in ``system``."""
+        """``{"messages", "pinned", "summary", "window"}`` (and ``"recap"`` when one was
+        asked for); with ``fmt="anthropic"`` the messages are Anthropic Messages turns and
+        the system text is apart in ``system``."""
         out: JSONObject = {}
         if fmt == "anthropic":
             system, turns = anthropic_messages(self.messages)
@@ -126,6 +168,8 @@ class Context:
         out["pinned"] = [e.to_dict() for e in self.pinned]
         out["summary"] = None if self.summary is None else self.summary.to_dict()
         out["window"] = self.window
+        if self.recap_asked:
+            out["recap"] = None if self.recap is None else self.recap.to_dict()
         return out
 
 
@@ -153,6 +197,41 @@ def render_summary(summary: Summary) -> str:
     return SUMMARY_PREFIX + summary.content
 
 
+def render_recap(recap: Recap) -> str:
+    return RECAP_PREFIX + recap.content
+
+
+def recap_span(
+    summary: Summary | None, window: Sequence[Message], window_limit: int
+) -> tuple[int, int] | None:
+    """Offsets ``(first, last)`` of the messages in neither the summary nor the effective
+    window (the last ``window_limit`` of ``window``, the thread's newest messages), or None
+    when there are none. Pure."""
+    if not window:
+        return None
+    limit = max(0, min(window_limit, WINDOW_MESSAGES))
+    first = 0 if summary is None else summary.last_message_offset + 1
+    kept = window[-limit:] if limit else []
+    last = kept[0].offset - 1 if kept else window[-1].offset
+    return (first, last) if first <= last else None
+
+
+def recap_read_start(span: tuple[int, int]) -> int:
+    """The first offset the recap reads: the newest ``RECAP_MAX_MESSAGES`` of the span."""
+    first, last = span
+    return max(first, last - RECAP_MAX_MESSAGES + 1)
+
+
+def make_recap(span: tuple[int, int], read: Sequence[Message]) -> Recap | None:
+    """The recap of ``span`` from the messages read of it (``recap_read_start`` on): an
+    extractive digest of at most ``RECAP_TOKEN_BUDGET`` tokens. Pure and deterministic."""
+    if not read:
+        return None
+    first, last = span
+    content = extractive_summary(None, read, RECAP_TOKEN_BUDGET, count_tokens)
+    return Recap(first, last, len(read), recap_read_start(span) - first, content)
+
+
 def window_size(config: ThreadConfig | None) -> int:
     """20, lowered (never raised) by the thread's ``max_working_memory_messages``."""
     return WINDOW_MESSAGES if config is None else config.window()
@@ -171,19 +250,26 @@ def assemble(
     summary: Summary | None,
     window: Sequence[Message],
     window_limit: int = WINDOW_MESSAGES,
+    recap: Recap | None = None,
+    *,
+    recap_asked: bool = False,
 ) -> Context:
-    """Pinned block, then summary, then the last ``window_limit`` of ``window`` (oldest
-    first), its tool calls paired with their results (``pair_tool_results``). Pure: the
-    caller has already fetched the parts."""
+    """Pinned block, then summary, then the recap if there is one, then the last
+    ``window_limit`` of ``window`` (oldest first), its tool calls paired with their results
+    (``pair_tool_results``). Pure: the caller has already fetched the parts."""
     limit = max(0, min(window_limit, WINDOW_MESSAGES))
     messages: list[ContextMessage] = []
     if pinned:
         messages.append(ContextMessage("system", render_pinned(pinned)))
     if summary is not None:
         messages.append(ContextMessage("system", render_summary(summary)))
+    if recap is not None:
+        messages.append(ContextMessage("system", render_recap(recap)))
     recent = [window_message(m) for m in list(window)[-limit:]] if limit else []
     messages.extend(pair_tool_results(recent, _with_calls))
-    return Context(tuple(messages), tuple(pinned), summary, limit)
+    return Context(
+        tuple(messages), tuple(pinned), summary, limit, recap, recap_asked or recap is not None
+    )
 
 
 # --- ports (what the I/O half needs) -----------------------------------------------------------
@@ -197,6 +283,8 @@ class SummaryReader(Protocol):
 
 class WindowReader(Protocol):
     async def last(self, ref: ThreadRef, n: int) -> list[Message]: ...
+
+    async def read_range(self, ref: ThreadRef, start: int, end_inclusive: int) -> list[Message]: ...
 
 
 class ThreadSource(Protocol):
@@ -262,9 +350,15 @@ class ContextReader:
         )
 
     async def context(
-        self, caller: Caller, thread_id: str, parent: Parent | None = None
+        self,
+        caller: Caller,
+        thread_id: str,
+        parent: Parent | None = None,
+        *,
+        recap: bool = False,
     ) -> Context:
-        """Assemble the context of ``thread_id`` for ``caller``.
+        """Assemble the context of ``thread_id`` for ``caller`` (with ``recap``, a digest of
+        the messages in neither the summary nor the window).
 
         Raises :class:`NotFound` for a deleted thread or one that belongs to another user
         (or a missing, deleted or someone else's parent), revealing nothing of it, and
@@ -304,7 +398,8 @@ class ContextReader:
         assert isinstance(pinned, list) and isinstance(window, list)
         assert summary is None or isinstance(summary, Summary)
         limit = window_size(thread.config if thread is not None else None)
-        ctx = assemble(pinned, summary, window, limit)
+        gap = await self._recap(ref, summary, window, limit) if recap else None
+        ctx = assemble(pinned, summary, window, limit, gap, recap_asked=recap)
         if self._metrics is not None:
             self._metrics.context_latency.observe(time.perf_counter() - started)
         return ctx
@@ -318,6 +413,15 @@ class ContextReader:
         if parent is None:  # never opened: the same answer as someone else's thread
             raise not_found(ref.thread_id, "parent_thread_id")
         return parent
+
+    async def _recap(
+        self, ref: ThreadRef, summary: Summary | None, window: list[Message], limit: int
+    ) -> Recap | None:
+        span = recap_span(summary, window, limit)
+        if span is None:
+            return None
+        read = await self._journal.read_range(ref, recap_read_start(span), span[1])
+        return make_recap(span, read)
 
     async def _summary(self, ref: ThreadRef) -> Summary | None:
         return await self._summaries.get(ref)

@@ -63,6 +63,20 @@ def query_int(raw: str | None, field: str, default: int) -> int:
         raise InvalidRequest(f"{field} must be an integer", field=field) from None
 
 
+_FLAGS: dict[str, bool] = {"true": True, "1": True, "false": False, "0": False}
+
+
+def check_flag(raw: str | None, field: str) -> bool:
+    """A boolean query parameter: absent or empty is false; ``true``/``1``/``false``/``0``
+    (any case); anything else is ``InvalidRequest`` naming the field."""
+    if raw is None or raw == "":
+        return False
+    value = _FLAGS.get(raw.lower())
+    if value is None:
+        raise InvalidRequest(f"{field} must be true or false", field=field)
+    return value
+
+
 def check_json(value: object, field: str, depth: int = 0) -> None:
     """A JSON value nests at most ``MAX_JSON_DEPTH`` deep and holds no NUL character in any
     string or key (Postgres refuses NUL in text; nothing downstream wants one); else

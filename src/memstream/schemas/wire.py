@@ -219,6 +219,18 @@ class Appended(BaseModel):
     )
 
 
+class Recap(BaseModel):
+    """A digest of the thread's messages ``first_offset``..``last_offset``: after the summary,
+    before the window. ``message_count`` of them were read (the newest); ``left_out`` older
+    ones were not."""
+
+    first_offset: int
+    last_offset: int
+    message_count: int
+    left_out: int
+    content: str
+
+
 class Context(BaseModel):
     """``GET .../context``. With ``?format=anthropic`` ``messages`` are Anthropic Messages
     turns (content blocks) and ``system`` holds the system text."""
@@ -228,6 +240,9 @@ class Context(BaseModel):
     pinned: list[MemoryEntry]
     summary: Summary | None
     window: int
+    recap: Recap | None = Field(
+        default=None, description="with ?recap=true: the messages in neither summary nor window"
+    )
 
 
 class Stored(BaseModel):

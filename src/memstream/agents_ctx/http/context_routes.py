@@ -6,6 +6,9 @@ OpenAI Chat Completions shape (hand them to ``chat.completions.create`` as they 
 ``?format=anthropic`` they are Anthropic Messages turns and the system text is apart in
 ``"system"``.
 
+``?recap=true`` adds a digest of the messages in neither the summary nor the window (a
+system message after the summary, and ``"recap"`` in the answer; see ``agents_ctx.context``).
+
 Query parameters, for a delegated sub-agent: ``parent_thread_id`` (the thread it was
 delegated from) and optionally ``parent_agent_id`` (default: the same agent). The sub-agent
 inherits the parent's pinned entries and starts with an empty conversation and no summary.
@@ -24,6 +27,7 @@ from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.message_shapes import FORMATS, check_format
 from memstream.agents_ctx.services import Services
+from memstream.agents_ctx.validation import check_flag
 from memstream.schemas import wire
 from memstream.schemas.records import Caller
 
@@ -37,6 +41,11 @@ router = APIRouter(prefix="/v1/agents/{agent_id}")
         errors=(400, 401, 404, 503),
         query=(
             Query("format", "the messages' shape", {"type": "string", "enum": list(FORMATS)}),
+            Query(
+                "recap",
+                "add a digest of the messages in neither the summary nor the window",
+                {"type": "boolean", "default": False},
+            ),
             Query("parent_thread_id", "a delegated sub-agent's parent thread"),
             Query("parent_agent_id", "the parent thread's agent (default: this agent)"),
         ),
@@ -55,5 +64,6 @@ async def answer_from_request(
     q = request.query_params
     fmt = check_format(q.get("format"))
     parent = parse_parent(q.get("parent_thread_id"), q.get("parent_agent_id"), caller.agent_id)
-    ctx = await ContextReader.from_services(svc).context(caller, thread_id, parent)
+    recap = check_flag(q.get("recap"), "recap")
+    ctx = await ContextReader.from_services(svc).context(caller, thread_id, parent, recap=recap)
     return JSONResponse(ctx.to_dict(fmt))
