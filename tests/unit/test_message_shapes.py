@@ -252,7 +252,7 @@ def _windows(draw: st.DrawFn) -> list[ContextMessage]:
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(_windows())
 def test_every_window_is_one_both_apis_accept(window: list[ContextMessage]) -> None:
     """Whatever order calls and results were appended in, the context is accepted by both
