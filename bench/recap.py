@@ -6,7 +6,7 @@ Run: ``python bench/recap.py [--messages 400] [--seed 1] [--fact-rate 0.12]``.
 Pure and in-process: it applies memstream's own rules to a synthetic conversation, turn by
 turn, exactly as the pipeline would: the summary thresholds (``streams.thresholds``: 2,000
 tokens or 50 messages), the progressive offline summary (512 tokens), the 20-message window
-(``agents_ctx.context.assemble``) and the recap (``recap_span``/``make_recap``). The summary
+(``agents_ctx.context.assemble``) and the recap (``recap_of``, as ``?recap=true`` runs it). The summary
 is taken as written the moment a threshold is crossed (the real summarizer is a few ms to a
 few s behind, which only widens the gap).
 
@@ -27,13 +27,13 @@ import time
 from datetime import UTC, datetime
 
 from memstream.agents_ctx.context import (
+    RECAP_MAX_MESSAGES,
     assemble,
-    make_recap,
-    recap_read_start,
-    recap_span,
+    recap_of,
 )
 from memstream.infra.llm.summary import extractive_summary
 from memstream.infra.tokenizer import count_tokens
+from memstream.schemas.limits import WINDOW_MESSAGES
 from memstream.schemas.records import Message, Summary
 from memstream.streams.thresholds import ThresholdCounters, after_summary, step
 
@@ -106,11 +106,10 @@ def main(args: argparse.Namespace) -> None:
         if m.role != "user":
             continue
         window = msgs[max(0, i - 19) : i + 1]  # what the context reads: the newest 20
-        span_ = recap_span(summary, window, 20)
-        recap = None
-        if span_ is not None:
-            t0 = time.perf_counter()
-            recap = make_recap(span_, msgs[recap_read_start(span_) : span_[1] + 1])
+        newest = msgs[max(0, i + 1 - WINDOW_MESSAGES - RECAP_MAX_MESSAGES) : i + 1]
+        t0 = time.perf_counter()
+        recap = recap_of(summary, newest, WINDOW_MESSAGES)  # what ?recap=true reads
+        if recap is not None:
             digest_s.append(time.perf_counter() - t0)
         for layout, ctx in (
             ("spec", assemble([], summary, window)),

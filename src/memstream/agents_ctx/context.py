@@ -21,7 +21,8 @@ written at 2,000 tokens or 50 messages, the window holds 20, so a chatty thread 
 messages that are in neither, and the model does not see them. With a recap, an extractive
 digest of those messages (the offline summary model, at most ``RECAP_TOKEN_BUDGET`` tokens
 over the last ``RECAP_MAX_MESSAGES`` of them) comes as a system message between the summary
-and the window. Read from the journal like the window; nothing is cached.
+and the window. Read from the journal with the window, in the same scan (the newest
+``20 + RECAP_MAX_MESSAGES`` messages); nothing is cached.
 
 Guarantees:
 
@@ -222,6 +223,16 @@ def recap_read_start(span: tuple[int, int]) -> int:
     return max(first, last - RECAP_MAX_MESSAGES + 1)
 
 
+def recap_of(summary: Summary | None, newest: Sequence[Message], window_limit: int) -> Recap | None:
+    """The recap of a thread whose newest ``WINDOW_MESSAGES + RECAP_MAX_MESSAGES`` messages
+    are ``newest`` (one journal read serves the window and the recap). Pure."""
+    span = recap_span(summary, newest[-WINDOW_MESSAGES:], window_limit)
+    if span is None:
+        return None
+    start = recap_read_start(span)
+    return make_recap(span, [m for m in newest if start <= m.offset <= span[1]])
+
+
 def make_recap(span: tuple[int, int], read: Sequence[Message]) -> Recap | None:
     """The recap of ``span`` from the messages read of it (``recap_read_start`` on): an
     extractive digest of at most ``RECAP_TOKEN_BUDGET`` tokens. Pure and deterministic."""
@@ -283,8 +294,6 @@ class SummaryReader(Protocol):
 
 class WindowReader(Protocol):
     async def last(self, ref: ThreadRef, n: int) -> list[Message]: ...
-
-    async def read_range(self, ref: ThreadRef, start: int, end_inclusive: int) -> list[Message]: ...
 
 
 class ThreadSource(Protocol):
@@ -387,18 +396,19 @@ class ContextReader:
             self._parent(caller, parent_ref),
             self._pinned.pinned(pin_caller, now),
             self._summary(ref),
-            self._journal.last(ref, WINDOW_MESSAGES),
+            self._journal.last(ref, WINDOW_MESSAGES + (RECAP_MAX_MESSAGES if recap else 0)),
             return_exceptions=True,
         )
         for part in parts:
             if isinstance(part, BaseException):
                 raise part
-        thread, _, pinned, summary, window = parts
+        thread, _, pinned, summary, newest = parts
         assert not isinstance(thread, BaseException)
-        assert isinstance(pinned, list) and isinstance(window, list)
+        assert isinstance(pinned, list) and isinstance(newest, list)
         assert summary is None or isinstance(summary, Summary)
         limit = window_size(thread.config if thread is not None else None)
-        gap = await self._recap(ref, summary, window, limit) if recap else None
+        window = newest[-WINDOW_MESSAGES:]
+        gap = recap_of(summary, newest, limit) if recap else None
         ctx = assemble(pinned, summary, window, limit, gap, recap_asked=recap)
         if self._metrics is not None:
             self._metrics.context_latency.observe(time.perf_counter() - started)
@@ -413,15 +423,6 @@ class ContextReader:
         if parent is None:  # never opened: the same answer as someone else's thread
             raise not_found(ref.thread_id, "parent_thread_id")
         return parent
-
-    async def _recap(
-        self, ref: ThreadRef, summary: Summary | None, window: list[Message], limit: int
-    ) -> Recap | None:
-        span = recap_span(summary, window, limit)
-        if span is None:
-            return None
-        read = await self._journal.read_range(ref, recap_read_start(span), span[1])
-        return make_recap(span, read)
 
     async def _summary(self, ref: ThreadRef) -> Summary | None:
         return await self._summaries.get(ref)
