@@ -7,7 +7,7 @@ import asyncio
 import asyncpg
 
 from memstream.infra.accounts import Accounts
-from memstream.infra.postgres import migrate
+from memstream.infra.postgres import migrate, statements
 from memstream.schemas.records import ThreadRef
 
 
@@ -15,6 +15,32 @@ async def test_migrate_is_idempotent(pg_pool: asyncpg.Pool) -> None:
     assert await migrate(pg_pool) == []
     names = [r["name"] for r in await pg_pool.fetch("SELECT name FROM schema_migrations")]
     assert "0001_core.sql" in names
+
+
+async def test_an_index_build_cut_short_is_built_again_without_a_transaction(
+    pg_pool: asyncpg.Pool,
+) -> None:
+    """0014 builds its index CONCURRENTLY (outside a transaction, as Postgres requires); a
+    build cut short leaves an invalid index and no record, and the next migrate rebuilds it."""
+    name = "0014_threads_deleted.sql"
+    valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = 'threads_deleted'::regclass"
+    assert await pg_pool.fetchval(valid) is True
+    await pg_pool.execute("DELETE FROM schema_migrations WHERE name = $1", name)
+    await pg_pool.execute(
+        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'threads_deleted'::regclass"
+    )
+    assert await migrate(pg_pool) == [name]
+    assert await pg_pool.fetchval(valid) is True
+    assert await migrate(pg_pool) == []
+
+
+def test_a_no_transaction_migration_is_split_into_its_statements() -> None:
+    sql = "-- memstream: no-transaction\n-- why\nDROP INDEX x;\nCREATE INDEX y\n  ON t (a);\n"
+    assert statements(sql) == [
+        "-- memstream: no-transaction\n-- why\nDROP INDEX x;",
+        "CREATE INDEX y\n  ON t (a);",
+    ]
+    assert statements("-- only a comment;\n") == []
 
 
 async def test_keys_are_hashed_and_authenticate(pg_pool: asyncpg.Pool) -> None:

@@ -3,7 +3,11 @@
 Migrations are plain numbered SQL files in ``memstream/infra/migrations`` (``0001_core.sql``,
 ``0002_memory.sql`` …), applied in order, each in its own transaction, recorded in
 ``schema_migrations``. Applying is idempotent and safe to race: an advisory lock serialises
-concurrent ``migrate`` calls (``memstream migrate`` and start-up may overlap).
+concurrent ``migrate`` calls (``memstream migrate`` and start-up may overlap). A file whose
+first line is ``-- memstream: no-transaction`` runs its statements one by one outside a
+transaction (what ``CREATE INDEX CONCURRENTLY`` needs, so an upgrade builds an index without
+blocking writes to its table); such a file must be safe to run again from the start, since
+it is recorded only once all of it has run.
 
 **Returning a connection to the pool.** asyncpg resets every connection it takes back with
 one more statement (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``): a
@@ -163,6 +167,25 @@ async def close_pool(pool: asyncpg.Pool, grace_s: float = POOL_CLOSE_GRACE_S) ->
         pool.terminate()
 
 
+NO_TRANSACTION = "-- memstream: no-transaction"
+
+
+def statements(sql: str) -> list[str]:
+    """A no-transaction migration's statements: each ends with ``;`` at the end of a line
+    (its files hold plain statements, no function bodies). Comments are kept. Pure."""
+    out: list[str] = []
+    current: list[str] = []
+    for line in sql.splitlines():
+        current.append(line)
+        if line.rstrip().endswith(";") and not line.lstrip().startswith("--"):
+            out.append("\n".join(current).strip())
+            current = []
+    rest = "\n".join(current).strip()
+    if rest and any(not ln.lstrip().startswith("--") for ln in rest.splitlines() if ln.strip()):
+        out.append(rest)
+    return out
+
+
 def migration_files() -> list[tuple[str, str]]:
     """(name, sql) of every migration, in order."""
     root = resources.files("memstream.infra") / "migrations"
@@ -184,6 +207,13 @@ async def migrate(pool: asyncpg.Pool) -> list[str]:
             done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
             for name, sql in migration_files():
                 if name in done:
+                    continue
+                if sql.startswith(NO_TRANSACTION):
+                    for statement in statements(sql):
+                        await conn.execute(statement)
+                    await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
+                    log.info("applied migration %s", name)
+                    applied_now.append(name)
                     continue
                 async with conn.transaction():
                     await conn.execute(sql)
