@@ -27,7 +27,7 @@ from obstore.store import LocalStore
 
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.client import MemstreamClient
-from memstream.errors import InvalidRequest, MemoryNotBound, NotFound
+from memstream.errors import Forbidden, InvalidRequest, MemoryNotBound, NotFound
 from memstream.infra.summary_store import SummaryStore
 from memstream.schemas.records import Summary, ThreadRef
 from tests.fixtures.api import ApiStack
@@ -178,7 +178,12 @@ async def test_a_thread_opened_without_a_user_is_shared(users: Users) -> None:
         assert "standup" in str(ctx["messages"])
     await users.bob.append(agent, thread, {"role": "user", "content": "bob was here"})
     assert "bob was here" in str((await users.alice.context(agent, thread))["messages"])
-    await users.alice.delete_thread(agent, thread)
+    # no user may take the shared thread from the others; the agent's own call may
+    with pytest.raises(Forbidden) as refused:
+        await users.alice.delete_thread(agent, thread)
+    assert refused.value.field == "thread_id"
+    assert "bob was here" in str((await users.bob.context(agent, thread))["messages"])
+    await users.anon.delete_thread(agent, thread)
     with pytest.raises(NotFound):
         await users.bob.context(agent, thread)
 

@@ -442,7 +442,7 @@ async def test_an_erased_thread_id_is_never_revived(stack: ApiStack) -> None:
     assert svc.erasures is not None
     await seed_thread(s, "revive", "mine", "gina", "first-life-words")
     await seed_thread(s, "revive", "shared", None, "shared-life-words")
-    for thread, user in (("mine", "gina"), ("shared", "gina")):
+    for thread, user in (("mine", "gina"), ("shared", None)):  # a shared one: no user
         r = await s.client.post(
             f"/v1/agents/revive/threads/{thread}/erase", headers=s.headers(user=user)
         )

@@ -74,6 +74,38 @@ async def test_a_token_acts_for_its_user_only(api_stack: ApiStack) -> None:
     assert r.status_code == 404
 
 
+async def test_a_token_alone_cannot_act_beyond_its_user(api_stack: ApiStack) -> None:
+    """A browser holding alice's token cannot switch Memory off for every user, delete or
+    erase the thread every user shares, or use the key routes; the account key can."""
+    c = api_stack.client
+    bearer = {"Authorization": f"Bearer {await token_for(api_stack, 'acme', 'alice')}"}
+    agent = "tokscope"
+    r = await c.put(f"/v1/agents/{agent}", json={"memory": True}, headers=api_stack.headers())
+    assert r.status_code == 200
+    r = await c.put(f"/v1/agents/{agent}", json={"memory": False}, headers=bearer)
+    assert r.status_code == 403 and r.json()["error"]["field"] == "Authorization"
+    assert (await api_stack.services.accounts.get_agent("acme", agent)).memory is True  # type: ignore[union-attr]  # configured above
+    # a shared thread (opened without a user): alice reads and writes it, but cannot remove it
+    msg = {"role": "user", "content": "team notes"}
+    assert (await c.post(url(agent, "team", "/messages"), json=msg, headers=api_stack.headers())).status_code == 201  # fmt: skip
+    assert (await c.post(url(agent, "team", "/messages"), json=msg, headers=bearer)).status_code == 201  # fmt: skip
+    for method, tail in (("DELETE", ""), ("POST", "/erase")):
+        for headers in (bearer, api_stack.headers(user="alice")):
+            r = await c.request(method, url(agent, "team", tail), headers=headers)
+            assert r.status_code == 403, (method, r.text)
+            assert r.json()["error"]["field"] == "thread_id"
+    r = await c.get(url(agent, "team", "/context"), headers=api_stack.headers())
+    assert r.status_code == 200 and len(r.json()["messages"]) == 2  # nothing was removed
+    # alice's own thread: hers to delete; the key routes: 403, not "unknown API key"
+    assert (await c.post(url(agent, "mine", "/messages"), json=msg, headers=bearer)).status_code == 201  # fmt: skip
+    assert (await c.delete(url(agent, "mine"), headers=bearer)).status_code == 204
+    for method, path in (("POST", "/v1/users/alice/erase"), ("GET", "/v1/erasures/e1")):
+        r = await c.request(method, path, headers=bearer)
+        assert r.status_code == 403 and r.json()["error"]["field"] == "Authorization", r.text
+    # the agent's own key (no user) may delete the shared thread
+    assert (await c.delete(url(agent, "team"), headers=api_stack.headers())).status_code == 204
+
+
 async def test_bad_tokens_are_401_naming_the_header(api_stack: ApiStack) -> None:
     c = api_stack.client
     secret = await api_stack.services.accounts.user_token_secret("acme", create=True)

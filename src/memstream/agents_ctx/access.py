@@ -9,7 +9,9 @@ is shared by the agent. The owner is recorded once, when the thread's row is ins
 Postgres (the authority, written before the journal append), and never changes. For any
 other caller, and for a caller without a user, every route of someone's thread (context,
 summary, append, delete, create, tool-call view, sub-agent delegation from it) answers
-``NotFound`` exactly as for a thread that does not exist: nothing is revealed. A deleted
+``NotFound`` exactly as for a thread that does not exist: nothing is revealed. Every user
+reads and writes a shared thread, but only a call without a user (or an admin key) may
+delete or erase it (``Forbidden`` naming ``thread_id``): one user cannot take it from all. A deleted
 thread is ``NotFound`` on every route too, appending included (it is never silently
 revived; ``POST .../threads`` with its id revives it explicitly, for its owner, unless it
 was erased: an erased id is never used again).
@@ -37,7 +39,7 @@ from collections import OrderedDict
 from typing import Final, Protocol
 
 from memstream.agents_ctx.validation import check_id
-from memstream.errors import Conflict, MemoryNotBound, NotFound
+from memstream.errors import Conflict, Forbidden, MemoryNotBound, NotFound
 from memstream.infra.accounts import Accounts, Thread
 from memstream.schemas.records import Caller, JSONObject, ThreadRef
 
@@ -51,6 +53,23 @@ DELETED_CACHE_MAX: Final = 10_000
 def may_use_thread(owner: str | None, user_id: str | None) -> bool:
     """A shared thread (no owner) is everyone's; an owned one is its owner's alone."""
     return owner is None or owner == user_id
+
+
+def may_remove_thread(owner: str | None, caller: Caller) -> bool:
+    """Who may delete or erase a thread they can read: its owner; for a shared thread, the
+    agent acting without a user (the key that opened it); an admin key, any. A user may read
+    and write a shared thread but not take it from every other user."""
+    if caller.admin:
+        return True
+    return caller.user_id is None if owner is None else owner == caller.user_id
+
+
+def shared_thread_refused(thread_id: str) -> Forbidden:
+    return Forbidden(
+        f"thread {thread_id!r} is shared by every user of the agent: only a call without a "
+        "user, or an admin key, may delete or erase it",
+        field="thread_id",
+    )
 
 
 def not_found(thread_id: str, field: str = "thread_id") -> NotFound:
@@ -186,8 +205,11 @@ class ThreadAccess:
         self._drop_deleted(ref)
 
     async def delete(self, caller: Caller, ref: ThreadRef) -> None:
-        """Flag the thread deleted. ``NotFound`` if there is none the caller may delete."""
+        """Flag the thread deleted. ``NotFound`` if there is none the caller may read;
+        ``Forbidden`` for a user's call on a shared thread (:func:`may_remove_thread`)."""
         thread = await self.readable(caller, ref)
+        if thread is not None and not may_remove_thread(thread.owner, caller):
+            raise shared_thread_refused(ref.thread_id)
         self._cache.pop(ref, None)
         try:
             if thread is None or not await self._accounts.delete_thread(ref):

@@ -14,7 +14,7 @@ from fastapi import Depends, Header, Path, Request
 from memstream.agents_ctx import user_tokens
 from memstream.agents_ctx.services import Services
 from memstream.agents_ctx.validation import check_id
-from memstream.errors import InvalidRequest, Unauthorized
+from memstream.errors import Forbidden, InvalidRequest, Unauthorized
 from memstream.infra.accounts import KeyInfo
 from memstream.schemas.records import Caller
 
@@ -31,10 +31,32 @@ async def key_info(
     return await key_of(services(request), authorization)
 
 
+def bearer_is_user_token(authorization: str | None) -> bool:
+    """The bearer is a signed user token (it acts for its one user only), not an API key."""
+    return (
+        authorization is not None
+        and authorization[:7].lower() == "bearer "
+        and authorization[7:].strip().startswith(user_tokens.PREFIX)
+    )
+
+
+def refuse_user_token(authorization: str | None, doing: str) -> None:
+    """``Forbidden`` naming ``Authorization`` when a user token is the bearer of a request
+    that acts beyond its user (an agent's configuration, a user's erasure)."""
+    if bearer_is_user_token(authorization):
+        raise Forbidden(
+            f"{doing} needs an API key: a user token acts for its own user only",
+            field="Authorization",
+        )
+
+
 async def key_of(svc: Services, authorization: str | None) -> KeyInfo:
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("send 'Authorization: Bearer <api key>'", field="Authorization")
     key = authorization[7:].strip()
+    if key.startswith(user_tokens.PREFIX):  # a valid token: the route is not for it (403)
+        await _user_token(svc, key)
+        refuse_user_token(authorization, "this route")
     info = await svc.accounts.key_info(key) if key else None
     if info is None:
         raise Unauthorized("unknown or revoked API key", field="Authorization")

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from memstream.agents_ctx.access import may_use_thread, not_found
+from memstream.agents_ctx.access import (
+    may_remove_thread,
+    may_use_thread,
+    not_found,
+    shared_thread_refused,
+)
 from memstream.agents_ctx.erasure import Erasures
 from memstream.agents_ctx.http.contract import contract
 from memstream.agents_ctx.http.deps import CallerDep, KeyDep, ServicesDep
@@ -37,14 +42,17 @@ def _erasures(svc: Services) -> Erasures:
 @router.post(
     "/v1/agents/{agent_id}/threads/{thread_id}/erase",
     status_code=202,
-    **contract(answer=wire.ErasureStarted, errors=(400, 401, 404, 503)),
+    **contract(answer=wire.ErasureStarted, errors=(400, 401, 403, 404, 503)),
 )
 async def erase_thread(thread_id: str, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
     ref = ThreadRef(caller.account_id, caller.agent_id, check_id(thread_id, "thread_id"))
     thread = await svc.accounts.get_thread(ref)
-    # the owner (or an admin key) may erase a thread, deleted or not; others see no thread
+    # the owner (or an admin key) may erase a thread, deleted or not; others see no thread;
+    # a user may not erase a shared thread (every other user's too)
     if thread is None or not (caller.admin or may_use_thread(thread.owner, caller.user_id)):
         raise not_found(ref.thread_id)
+    if not may_remove_thread(thread.owner, caller):
+        raise shared_thread_refused(ref.thread_id)
     erasure_id = await _erasures(svc).erase_thread(ref)
     return JSONResponse({"erasure_id": erasure_id}, status_code=202)
 

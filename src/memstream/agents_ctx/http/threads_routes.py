@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request, Response
 
 from memstream.agents_ctx.http.bodies import read_json
 from memstream.agents_ctx.http.contract import contract
-from memstream.agents_ctx.http.deps import CallerDep, ServicesDep
+from memstream.agents_ctx.http.deps import CallerDep, ServicesDep, refuse_user_token
 from memstream.agents_ctx.http.responses import JSONResponse
 from memstream.agents_ctx.services import Services
 from memstream.agents_ctx.validation import parse_append_body, parse_thread_body
@@ -45,8 +45,10 @@ async def journal_created(svc: Services, thread: Thread) -> None:
     )
 
 
-@router.put("", **contract(body=wire.AgentBody, answer=wire.Agent))
+@router.put("", **contract(body=wire.AgentBody, answer=wire.Agent, errors=(400, 401, 403, 503)))
 async def configure_agent(request: Request, caller: CallerDep, svc: ServicesDep) -> JSONResponse:
+    # binding Memory changes the agent for every user: not for a user token's holder
+    refuse_user_token(request.headers.get("authorization"), "configuring an agent")
     body = await read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("memory"), bool):
         raise InvalidRequest("memory must be true or false", field="memory")
@@ -110,7 +112,9 @@ async def append_from_request(
     )
 
 
-@router.delete("/threads/{thread_id}", status_code=204, **contract(errors=(400, 401, 404, 503)))
+@router.delete(
+    "/threads/{thread_id}", status_code=204, **contract(errors=(400, 401, 403, 404, 503))
+)
 async def delete_thread(thread_id: str, caller: CallerDep, svc: ServicesDep) -> Response:
     ref = svc.threads.ref(caller, thread_id)
     await svc.threads.delete(caller, ref)
