@@ -9,6 +9,7 @@ required key is present, no unknown key is there, and every value conforms to it
 from __future__ import annotations
 
 import collections.abc
+import re
 import types
 from typing import Any, Literal, NotRequired, Required, Union, get_args, get_origin, get_type_hints
 
@@ -92,11 +93,14 @@ def openai_linkage_errors(messages: list[dict[str, Any]]) -> list[str]:
     return errs
 
 
+_ANTHROPIC_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def anthropic_linkage_errors(messages: list[dict[str, Any]]) -> list[str]:
     """Messages API's pairing rule: every ``tool_use`` of an assistant turn is answered by a
     ``tool_result`` in the very next user turn, which starts with its results (no text before
     them); a ``tool_result`` answers a ``tool_use`` of the turn just before; no text block
-    is empty."""
+    is empty or whitespace; tool ids match ``^[a-zA-Z0-9_-]+$`` (what the API enforces)."""
     errs: list[str] = []
     pending: set[Any] = set()
     for i, turn in enumerate(messages):
@@ -105,8 +109,19 @@ def anthropic_linkage_errors(messages: list[dict[str, Any]]) -> list[str]:
             [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
         )
         kinds = [b.get("type") for b in blocks]
-        if any(b.get("type") == "text" and not b.get("text") for b in blocks):
-            errs.append(f"messages[{i}]: empty text block")
+        if any(b.get("type") == "text" and not str(b.get("text", "")).strip() for b in blocks):
+            errs.append(f"messages[{i}]: text block without non-whitespace text")
+        for b in blocks:
+            tid = b.get("id") if b.get("type") == "tool_use" else b.get("tool_use_id")
+            if b.get("type") in ("tool_use", "tool_result") and not _ANTHROPIC_ID.fullmatch(
+                str(tid)
+            ):
+                errs.append(f"messages[{i}]: tool id {tid!r} is not ^[a-zA-Z0-9_-]+$")
+        if any(
+            b.get("type") == "tool_result" and "content" in b and not str(b["content"]).strip()
+            for b in blocks
+        ):
+            errs.append(f"messages[{i}]: tool_result with whitespace-only content")
         results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
         last_result = max((j for j, k in enumerate(kinds) if k == "tool_result"), default=-1)
         if last_result > 0 and "text" in kinds[:last_result]:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from memstream.agents_ctx.context import Context, ContextMessage, assemble, window_message
 from memstream.agents_ctx.message_shapes import (
     anthropic_messages,
+    anthropic_tool_id,
     check_format,
     openai_message,
 )
@@ -238,17 +239,17 @@ _ROLES = st.sampled_from(["user", "assistant", "tool", "system"])
 
 @st.composite
 def _windows(draw: st.DrawFn) -> list[ContextMessage]:
-    ids = st.sampled_from(["a", "b", "c", "d"])
+    ids = st.sampled_from(["a", "b", "functions.search:0", "c 1", "ça"])
     out = []
     for _ in range(draw(st.integers(0, 14))):
         role = draw(_ROLES)
-        text = draw(st.sampled_from(["", "hi"]))
+        text = draw(st.sampled_from(["", " \n", "hi"]))
         if role == "assistant":
             out.append(_msg(role, text, tuple(draw(st.lists(ids, max_size=3)))))
         elif role == "tool":
             out.append(_msg(role, text, answers=draw(ids)))
         else:
-            out.append(_msg(role, text or "hi"))
+            out.append(_msg(role, text.strip() or "hi"))
     return out
 
 
@@ -310,6 +311,27 @@ def test_anthropic_tool_input_is_always_an_object() -> None:
         {"arguments": [1, 2]},
         {"arguments": 5},
     ]
+
+
+def test_anthropic_gets_ids_it_accepts_and_no_blank_text() -> None:
+    """Ids such as ``functions.search:0`` (some providers emit them) and whitespace beside a
+    tool call (models return ``"\\n\\n"``) were passed through, and Anthropic answers 400."""
+    ctx = _assembled([
+        _msg("user", "find it"),
+        _msg("assistant", "\n\n", ("functions.search:0", "functions.search:1")),
+        _msg("tool", "found", answers="functions.search:0"),
+        _msg("tool", " ", answers="functions.search:1"),
+        _msg("assistant", "Here it is."),
+    ])  # fmt: skip
+    _both_apis_accept(ctx)
+    turns: Any = ctx.to_dict("anthropic")["messages"]  # JSON, navigated by the test
+    uses = [b["id"] for b in turns[1]["content"]]
+    assert [b["type"] for b in turns[1]["content"]] == ["tool_use", "tool_use"]
+    assert [b["tool_use_id"] for b in turns[2]["content"]] == uses and len(set(uses)) == 2
+    assert uses[0].startswith("functions_search_0_") and "content" not in turns[2]["content"][1]
+    assert anthropic_tool_id("call_Ab-9") == "call_Ab-9"  # a valid id is kept
+    openai: Any = ctx.to_dict()["messages"]  # OpenAI takes any id: verbatim there
+    assert openai[1]["tool_calls"][0]["id"] == "functions.search:0"
 
 
 def test_format_names_the_parameter() -> None:

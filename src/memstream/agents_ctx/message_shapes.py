@@ -13,7 +13,9 @@ One internal record (:class:`~memstream.schemas.records.Message`, tool calls as
   no text has ``content: null``.
 - **Out, Anthropic** (:func:`anthropic_messages`, ``?format=anthropic``): the system
   messages joined apart as ``system`` text; assistant text and ``tool_use`` blocks; tool
-  results as ``tool_result`` blocks in a user turn; consecutive same-role turns merged.
+  results as ``tool_result`` blocks in a user turn; consecutive same-role turns merged; no
+  whitespace-only text block; tool-call ids mapped to the characters that API accepts
+  (:func:`anthropic_tool_id`).
 
 :func:`pair_tool_results` makes a window one both APIs accept: every call answered, its
 results right after it, no result without its call (the window edge, a crash between a call
@@ -22,6 +24,8 @@ and its result, and a user message sent while a tool ran all break that pairing)
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Literal, Protocol, TypeVar, cast, get_args
 
@@ -138,15 +142,42 @@ def tool_input(arguments: JSONValue) -> JSONObject:
     return {"arguments": cast(JSONValue, value)}
 
 
+_TOOL_ID_OK: Final = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def anthropic_tool_id(raw: str | None) -> str:
+    """A tool-call id as Anthropic accepts it (``^[a-zA-Z0-9_-]+$``). Ids some providers emit
+    (``functions.search:0``) or a user typed (``c 1``, ``ça``) are refused there with a 400,
+    so any other character becomes ``_`` and a hash of the whole id is added, keeping two
+    ids that differ only there apart. The same id always maps to the same one (call and
+    result stay paired); a valid id is kept as it is."""
+    value = raw or ""
+    if _TOOL_ID_OK.fullmatch(value):
+        return value
+    digest = hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    return re.sub(r"[^A-Za-z0-9_-]", "_", value)[:48] + "_" + digest
+
+
 def _blocks(m: ShapedMessage) -> list[JSONValue]:
     if m.role == "tool":
-        return [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}]
+        result: JSONObject = {
+            "type": "tool_result",
+            "tool_use_id": anthropic_tool_id(m.tool_call_id),
+        }
+        if m.content.strip():  # the API refuses a whitespace-only text; content is optional
+            result["content"] = m.content
+        return [result]
     blocks: list[JSONValue] = []
-    if m.content:
+    if m.content.strip():  # "text content blocks must contain non-whitespace text"
         blocks.append({"type": "text", "text": m.content})
     for tc in m.tool_calls:
         blocks.append(
-            {"type": "tool_use", "id": tc.id, "name": tc.name, "input": tool_input(tc.arguments)}
+            {
+                "type": "tool_use",
+                "id": anthropic_tool_id(tc.id),
+                "name": tc.name,
+                "input": tool_input(tc.arguments),
+            }
         )
     return blocks
 
