@@ -67,6 +67,15 @@ def _p(value: str) -> str:
     return quote(value, safe="")
 
 
+def _id(value: str, field: str) -> str:
+    """An id as one path segment (:func:`_p`). The server refuses ``/`` and ``\\`` in ids, but
+    a ``%2F`` is decoded before routing, so the request would reach no route and come back
+    a bare 404: refused here instead, naming the field, as the server does for the rest."""
+    if "/" in value or "\\" in value:
+        raise errors.InvalidRequest(f"{field} must not contain '/' or '\\'", field=field)
+    return _p(value)
+
+
 def error_from(status: int, body: object) -> errors.MemstreamError:
     """The memstream error for an error answer (``{"error": {"code", "message", "field"?}}``)."""
     err = body.get("error") if isinstance(body, dict) else None
@@ -149,10 +158,10 @@ class MemstreamClient:
 
     @staticmethod
     def _agent(agent_id: str) -> str:
-        return f"/v1/agents/{_p(agent_id)}"
+        return f"/v1/agents/{_id(agent_id, 'agent_id')}"
 
     def _thread(self, agent_id: str, thread_id: str) -> str:
-        return f"{self._agent(agent_id)}/threads/{_p(thread_id)}"
+        return f"{self._agent(agent_id)}/threads/{_id(thread_id, 'thread_id')}"
 
     # --- agents and threads --------------------------------------------------------------------
     async def configure_agent(self, agent_id: str, *, memory: bool) -> JSON:
@@ -350,12 +359,12 @@ class MemstreamClient:
 
     async def erase_user(self, user_id: str) -> str:
         """Start erasing a user in every agent of the account (admin key)."""
-        out = await self._json("POST", f"/v1/users/{_p(user_id)}/erase")
+        out = await self._json("POST", f"/v1/users/{_id(user_id, 'user_id')}/erase")
         return str(out["erasure_id"])
 
     async def erasure(self, erasure_id: str) -> JSON:
         """``{"erasure_id", "kind", "status": "running" | "done", "stores"}``."""
-        return await self._json("GET", f"/v1/erasures/{_p(erasure_id)}")
+        return await self._json("GET", f"/v1/erasures/{_id(erasure_id, 'erasure_id')}")
 
     # --- journal tools -------------------------------------------------------------------------
     async def journal_search(
@@ -394,7 +403,7 @@ class MemstreamClient:
     ) -> JSON:
         return await self._json(
             "GET",
-            f"{self._agent(agent_id)}/journal/tool-calls/{_p(tool_call_id)}",
+            f"{self._agent(agent_id)}/journal/tool-calls/{_id(tool_call_id, 'tool_call_id')}",
             offset=offset,
             length=length,
             thread_id=thread_id,

@@ -230,6 +230,10 @@ async def test_hostile_ids_are_refused_with_400_naming_the_field(
         ("%2E", "thread_id"),
         ("%C3%A9" * 65, "thread_id"),
         ("%F0%9F%98%80" * 33, "thread_id"),
+        # invalid UTF-8 decodes to U+FFFD: %FE and %FF would have been one thread
+        ("inv%FEid", "thread_id"),
+        ("inv%FFid", "thread_id"),
+        ("%C0%AF", "thread_id"),
     ):
         r = await c.post(
             f"/v1/agents/bot/threads/{hostile}/messages",
@@ -240,6 +244,8 @@ async def test_hostile_ids_are_refused_with_400_naming_the_field(
         assert r.json()["error"]["field"] == field, r.text
     r = await c.post("/v1/agents/bot/threads", json={"thread_id": ".."}, headers=h)
     assert r.status_code == 400 and r.json()["error"]["field"] == "thread_id"
+    r = await c.get("/v1/agents/%FF/threads/t/context", headers=h)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "agent_id", r.text
 
 
 async def test_create_tells_new_from_existing_and_never_makes_a_shared_thread_a_users(

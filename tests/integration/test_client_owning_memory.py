@@ -82,6 +82,16 @@ async def test_dot_ids_reach_their_own_route_and_dot_keys_are_refused(api_stack:
             with pytest.raises(errors.InvalidRequest) as e:
                 await alice.append("cd", thread_id, {"role": "user", "content": "hi"})
             assert e.value.field == "thread_id", (thread_id, e.value)
+        # an id with '/' would reach no route (a bare 404): refused, naming the field
+        for call, field in (
+            (alice.append("cd", "a/b", {"role": "user", "content": "hi"}), "thread_id"),
+            (alice.context("a\\b", "t"), "agent_id"),
+            (alice.tool_call_view("cd", "c/1"), "tool_call_id"),
+            (alice.erase_user("x/y"), "user_id"),
+        ):
+            with pytest.raises(errors.InvalidRequest) as e:
+                await call
+            assert e.value.field == field, e.value
         # new keys "." and ".." are refused, naming key, by store and import alike
         for key in (".", ".."):
             with pytest.raises(errors.InvalidRequest) as e:

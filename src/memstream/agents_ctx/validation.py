@@ -27,8 +27,9 @@ ID_MAX_BYTES = 128
 
 def check_id(value: object, field: str) -> str:
     """Ids (account, agent, thread, tool call, user): 1 to :data:`ID_MAX_BYTES` bytes of
-    UTF-8, printable characters only, no ``/`` or ``\\``, and not ``.`` or ``..``. Stores
-    build keys from ids so that none can leave its prefix either
+    UTF-8, printable characters only, no ``/`` or ``\\``, no U+FFFD (a path's invalid
+    UTF-8 decodes to it, so ``%FE`` and ``%FF`` would be one id), and not ``.`` or ``..``.
+    Stores build keys from ids so that none can leave its prefix either
     (``infra.summary_store.key_segment``)."""
     if not isinstance(value, str) or not value:
         raise InvalidRequest(f"{field} must be a non-empty string", field=field)
@@ -40,6 +41,11 @@ def check_id(value: object, field: str) -> str:
         )
     if value in (".", ".."):
         raise InvalidRequest(f"{field} must not be '.' or '..'", field=field)
+    if "\ufffd" in value:  # what a path's invalid UTF-8 is decoded to: ids would collide
+        raise InvalidRequest(
+            f"{field} must be valid UTF-8 (it holds U+FFFD, which stands for bytes that are not)",
+            field=field,
+        )
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:

@@ -162,7 +162,9 @@ class Served:
                 self._calls.pop(call_id, None)
                 if not future.done():
                     future.set_exception(lost)
-        conn.close()
+        # ``close`` may have closed it from the loop's thread already: EBADF, nothing to do
+        with contextlib.suppress(OSError):
+            conn.close()
 
     def send(self, method: str, *args: Any, **kwargs: Any) -> Future[Any]:
         """Send one call; its future. Blocks for the pickling and the pipe's write."""
