@@ -3,6 +3,7 @@ threads, appends, validation naming the field, and nothing half-written."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from memstream.schemas.records import ThreadRef
@@ -246,6 +247,35 @@ async def test_hostile_ids_are_refused_with_400_naming_the_field(
     assert r.status_code == 400 and r.json()["error"]["field"] == "thread_id"
     r = await c.get("/v1/agents/%FF/threads/t/context", headers=h)
     assert r.status_code == 400 and r.json()["error"]["field"] == "agent_id", r.text
+
+
+async def test_an_integer_beyond_64_bits_is_refused_not_rounded(api_stack: ApiStack) -> None:
+    """orjson reads such an integer as a float: 123456789012345678901 was stored as
+    1.2345678901234568e+20 without a word. Now 400 naming where it is; a 19-digit number
+    in range, and long digit runs inside strings, are kept exactly."""
+    c, h = api_stack.client, api_stack.headers()
+    call = {"id": "c1", "name": "pay", "arguments": {"account": 123456789012345678901}}
+    body = b'{"messages": [{"role": "assistant", "content": "", "tool_calls": [%s]}]}'
+    wide = orjson.dumps(call | {"arguments": {"account": 0}}).replace(
+        b'"account":0', b'"account":123456789012345678901'
+    )
+    r = await c.post(
+        "/v1/agents/bot/threads/wide/messages",
+        content=body % wide,
+        headers=h | {"Content-Type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["field"] == "messages[0].tool_calls[0].arguments.account"
+    assert await api_stack.journal.last(ThreadRef("acme", "bot", "wide"), 5) == []
+    kept = {"account": 9223372036854775807, "iban": "12345678901234567890123"}
+    r = await c.post(
+        "/v1/agents/bot/threads/wide/messages",
+        json={"role": "assistant", "content": "", "tool_calls": [call | {"arguments": kept}]},
+        headers=h,
+    )
+    assert r.status_code == 201, r.text
+    (stored,) = await api_stack.journal.last(ThreadRef("acme", "bot", "wide"), 5)
+    assert stored.tool_calls[0].arguments == kept
 
 
 async def test_create_tells_new_from_existing_and_never_makes_a_shared_thread_a_users(

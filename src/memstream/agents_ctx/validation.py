@@ -6,6 +6,7 @@ so a caller can find the exact value that was refused.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import cast
 
@@ -83,10 +84,36 @@ def check_flag(raw: str | None, field: str) -> bool:
     return value
 
 
+class WideInt(str):
+    """An integer literal beyond 64 bits, as :func:`exact_json` reads it (orjson would have
+    made it a float, silently changing the value)."""
+
+
+def _int64(text: str) -> int | WideInt:
+    digits = text.lstrip("-")
+    if len(digits) > 20:
+        return WideInt(text)
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else WideInt(text)
+
+
+def exact_json(raw: bytes) -> object:
+    """``raw`` parsed with every integer beyond 64 bits kept as a :class:`WideInt`, for
+    :func:`check_json` to name. Slow (the standard library); for bodies that hold a run of
+    19 or more digits only."""
+    return json.loads(raw, parse_int=_int64)
+
+
 def check_json(value: object, field: str, depth: int = 0) -> None:
-    """A JSON value nests at most ``MAX_JSON_DEPTH`` deep and holds no NUL character in any
-    string or key (Postgres refuses NUL in text; nothing downstream wants one); else
-    ``InvalidRequest`` naming the field where it happened."""
+    """A JSON value nests at most ``MAX_JSON_DEPTH`` deep, holds no NUL character in any
+    string or key (Postgres refuses NUL in text; nothing downstream wants one) and no
+    integer beyond 64 bits (:class:`WideInt`); else ``InvalidRequest`` naming the field."""
+    if isinstance(value, WideInt):
+        name = field or "body"
+        raise InvalidRequest(
+            f"{name} is an integer beyond 64 bits, which would lose its value: send it as a string",
+            field=name,
+        )
     if isinstance(value, str):
         if "\x00" in value:
             name = field or "body"
