@@ -112,9 +112,7 @@ async def corpus(message_store: MessageStore) -> MessageStore:
     return message_store
 
 
-async def search(
-    store: MessageStore, caller: Caller = CALLER, **kw: object
-) -> list[tuple[str, int]]:
+async def search(store: MessageStore, caller: Caller = CALLER, **kw: Any) -> list[tuple[str, int]]:
     kw.setdefault("summarize", False)
     res = await journal_message_search(
         caller,
@@ -200,6 +198,21 @@ async def test_private_threads_only_for_their_user(corpus: MessageStore) -> None
     assert not any(t.startswith("p-") for t, _ in anonymous)
     # shared threads stay visible to users
     assert ("t2", 0) in alice
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["sql", "lexical-index"])
+async def test_the_operators_search_reads_every_users_threads(
+    indexed: bool, message_store: MessageStore, indexed_store: MessageStore
+) -> None:
+    """The console's search (``every_user``): an operator sees every user's threads, as
+    docs/console.md says (it used to see only the threads without users); other agents and
+    accounts stay out, and agent callers keep their own rule."""
+    store = indexed_store if indexed else message_store
+    await project(store, CORPUS)
+    every = set(await search(store, query="lisbon", every_user=True, limit=50))
+    assert {("p-alice", 0), ("p-alice", 1), ("p-bob", 0), ("t2", 0), ("t1", 1)} <= every
+    assert ("t1", 0) not in every  # that Lisbon line is another agent's (and account's) t1
+    assert not any(t.startswith("p-") for t, _ in await search(store, query="lisbon"))
 
 
 async def test_limit_bounds(corpus: MessageStore) -> None:

@@ -297,6 +297,7 @@ async def threads(request: Request, session: SessionDep) -> HTMLResponse:
             store=svc.message_store,
             summarizer=ExtractiveSummaryModel(),
             threads=svc.threads,
+            every_user=True,  # the operator sees every user's threads (docs/console.md)
         )
     return page(
         request,

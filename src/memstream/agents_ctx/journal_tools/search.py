@@ -189,9 +189,14 @@ async def journal_message_search(
     store: MessageStore,
     summarizer: SummaryModel,
     threads: DeletedThreads,
+    every_user: bool = False,
 ) -> SearchResult:
-    """Search the caller's transcripts. See the module docstring for the guarantees."""
+    """Search the caller's transcripts. See the module docstring for the guarantees.
+    ``every_user``: the operator console's search, over every user's threads (never set
+    from an agent surface)."""
     spec = build_search_spec(caller, query, scope, thread_id, limit, explain)
+    if every_user:
+        spec = replace(spec, every_user=True)
     if not isinstance(summarize, bool):
         raise InvalidRequest("summarize must be a boolean", field="summarize")
     deleted = await threads.deleted_threads(caller)

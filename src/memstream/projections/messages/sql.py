@@ -174,6 +174,9 @@ class SearchSpec:
     (their authority) says (``journal_message_search`` reads them). Kept out inside every
     query (:func:`visible_threads_filter`, the lexical and vector indexes' filters), so a
     search still returns ``limit`` hits when that many others match."""
+    every_user: bool = False
+    """An operator's search (the console): every user's threads, no privacy filter (deleted
+    threads are still left out). Never set from an agent surface."""
 
 
 def visible_threads_filter(db: str, one_thread: bool, excluded: bool = False) -> str:
@@ -194,7 +197,12 @@ def visible_threads_filter(db: str, one_thread: bool, excluded: bool = False) ->
 
 
 def spec_filter(db: str, spec: SearchSpec) -> str:
-    """:func:`visible_threads_filter` for ``spec`` (bind :func:`spec_filter_params`)."""
+    """:func:`visible_threads_filter` for ``spec`` (bind :func:`spec_filter_params`); for an
+    operator's search (``every_user``) the deleted threads' filter alone."""
+    if spec.every_user:
+        return (
+            "NOT has({excluded_threads:Array(String)}, thread_id)" if spec.excluded_threads else "1"
+        )
     return visible_threads_filter(db, spec.thread_id is not None, bool(spec.excluded_threads))
 
 

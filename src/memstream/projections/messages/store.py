@@ -739,6 +739,12 @@ LIMIT {INDEX_FILL_BATCH}""",
             if changed:
                 self._hidden = {k: v for k, v in self._hidden.items() if k[:3] not in changed}
 
+    async def _hidden_of(self, spec: SearchSpec) -> list[str]:
+        """:meth:`_hidden_threads` for ``spec``: none for an operator's search."""
+        if spec.every_user:
+            return []
+        return await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
+
     async def _hidden_threads(self, account_id: str, agent_id: str, user_id: str) -> list[str]:
         """Thread keys (:attr:`~memstream.schemas.records.ThreadRef.key`) of the agent's threads the caller
         may not read: those with users, none of them ``user_id`` (``""``: every thread with
@@ -933,7 +939,7 @@ LIMIT {INDEX_FILL_BATCH}""",
     async def _hidden_thread_ids(self, spec: SearchSpec) -> list[str]:
         """The ids of the agent's threads the caller may not read, and of the threads the
         search leaves out (``spec.excluded_threads``: deleted ones)."""
-        hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
+        hidden = await self._hidden_of(spec)
         prefix = len(ThreadRef(spec.account_id, spec.agent_id, "").key)
         ids = [h[prefix:] for h in hidden]
         if spec.excluded_threads:
@@ -1015,7 +1021,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         rows: list[Row] = []
         index = self.lexical_index()
         if index is not None and not index.filling:
-            hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
+            hidden = await self._hidden_of(spec)
             docs = await index.documents(
                 spec.account_id,
                 spec.agent_id,
@@ -1102,7 +1108,7 @@ LIMIT {INDEX_FILL_BATCH}""",
         """BM25's best ``k`` from the lexical index: Tantivy's candidates re-scored with the
         same statistics (:meth:`~.lexical_index.LexicalIndex.best`), the caller's hidden
         threads filtered out inside the query; their stored messages into ``texts``."""
-        hidden = await self._hidden_threads(spec.account_id, spec.agent_id, spec.user_id or "")
+        hidden = await self._hidden_of(spec)
         found = await index.best(
             IndexQuery(
                 spec.account_id,
