@@ -118,8 +118,8 @@ async def end_offsets(
         max_partition_fetch_bytes=1,
         auto_offset_reset="earliest",
     )
-    await consumer.start()
     try:
+        await consumer.start()  # in the try: a broker that is down is an InfraError too
         tps: list[TopicPartition] = []
         for topic in dict.fromkeys(topics):
             parts = await _partitions(consumer, topic)

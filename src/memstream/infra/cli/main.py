@@ -177,6 +177,30 @@ def run(coro: object, loop: str = "asyncio", switch_interval_s: float | None = N
     except MemstreamError as e:
         err.print(f"[red]error:[/] {e.message}" + (f" (field: {e.field})" if e.field else ""))
         raise typer.Exit(1) from None
+    except Exception as e:
+        message = unreachable(e)
+        if message is None:
+            raise
+        err.print(f"[red]error:[/] {message}")
+        raise typer.Exit(1) from None
+
+
+def unreachable(e: BaseException) -> str | None:
+    """A one-line message for a server that cannot be reached (the API over HTTP), or None
+    for anything else (a bug keeps its traceback). The module is looked up, not imported:
+    an error of it means it was loaded."""
+    httpx = sys.modules.get("httpx")
+    if httpx is not None and isinstance(e, httpx.TransportError):
+        try:
+            where = f" at {e.request.url.scheme}://{e.request.url.netloc.decode()}"
+        except RuntimeError:  # no request attached
+            where = ""
+        detail = str(e) or type(e).__name__
+        return (
+            f"cannot reach the memstream API{where}: {detail} "
+            "(is it running? pass --url, or the --data-dir of a running memstream up)"
+        )
+    return None
 
 
 #: a stop that takes longer than this prints every thread's stack to stderr (then goes on)

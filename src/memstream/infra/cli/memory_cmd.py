@@ -193,7 +193,11 @@ def memory_import(
 ) -> None:
     """Import exported entries (idempotent by key and content hash); reports failed lines
     and exits 1 if there were any."""
-    body = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    try:
+        body = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    except OSError as unreadable:
+        err.print(f"[red]cannot read {file}:[/] {unreadable.strerror or unreadable}")
+        raise typer.Exit(1) from None
 
     async def go() -> dict[str, object]:
         async with _client(url, data_dir, key, user) as c:
