@@ -154,8 +154,9 @@ class Accounts:
 
     async def revoke_key(self, key: str) -> str | None:
         """Revoke ``key``: the account it belonged to, or None if it is unknown or was
-        already revoked. This process refuses it at once; other API processes once their
-        cache of it expires (``key_cache_ttl_s``, 5 s by default)."""
+        already revoked (:meth:`key_revoked` tells those apart). This process refuses it at
+        once; other API processes once their cache of it expires (``key_cache_ttl_s``, 5 s
+        by default)."""
         digest = hash_key(key)
         account = await self.pool.fetchval(
             "UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL"
@@ -163,6 +164,14 @@ class Accounts:
             digest,
         )
         self._key_cache.pop(digest, None)
+        return None if account is None else str(account)
+
+    async def key_revoked(self, key: str) -> str | None:
+        """The account of ``key`` if it was revoked already, else None (unknown or live)."""
+        account = await self.pool.fetchval(
+            "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NOT NULL",
+            hash_key(key),
+        )
         return None if account is None else str(account)
 
     async def list_keys(self, account_id: str) -> list[KeyListing]:

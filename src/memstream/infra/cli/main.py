@@ -426,10 +426,20 @@ def keys_revoke(
     if not value:
         err.print("[red]error:[/] KEY is empty")
         raise typer.Exit(2)
-    account = with_accounts(data_dir, lambda accounts: accounts.revoke_key(value))
+
+    async def revoke(accounts: Accounts) -> tuple[str | None, bool]:
+        account = await accounts.revoke_key(value)
+        if account is not None:
+            return account, True
+        return await accounts.key_revoked(value), False
+
+    account, now = with_accounts(data_dir, revoke)
     if account is None:
-        err.print("[red]error:[/] no such key, or it was already revoked")
+        err.print("[red]error:[/] no such key")
         raise typer.Exit(1)
+    if not now:  # a re-run: the key is revoked, as asked
+        out.print(f"a key of {account} ({value[:8]}…) was revoked already")
+        return
     out.print(f"revoked a key of {account} ({value[:8]}…); API processes refuse it within 5 s")
 
 
