@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from obstore.store import LocalStore
 from qdrant_edge import ScrollRequest
 
+from memstream.agents_ctx import user_tokens
 from memstream.agents_ctx.erasure import Erasures
 from memstream.agents_ctx.memory.store import MemoryService
 from memstream.infra.embedded.postgres import EmbeddedPostgres
@@ -431,6 +432,36 @@ async def test_erasure_status_for_callers_and_ids_an_attacker_would_send(stack: 
     assert r.status_code == 404 and "stores" not in r.text
     r = await s.client.get(url, headers=s.headers(key=s.other_key))
     assert r.status_code == 404  # another account's key
+
+
+async def test_a_user_token_follows_the_erasure_of_its_own_thread_only(stack: ApiStack) -> None:
+    """A browser holding only alice's token erases her thread and polls its status; it reads
+    no other erasure (bob's token, or the agent's erasure of a shared thread: 404)."""
+    s, c = stack, stack.client
+    assert s.services.erasures is not None
+
+    async def bearer(user: str) -> dict[str, str]:
+        secret = await s.services.accounts.user_token_secret("acme", create=True)
+        assert secret is not None
+        return {"Authorization": f"Bearer {user_tokens.mint(secret, 'acme', user, 600)}"}
+
+    alice, bob = await bearer("tina"), await bearer("tom")
+    await seed_thread(s, "follow", "hers", "tina", "tina-words")
+    await seed_thread(s, "follow", "team", None, "team-words")
+    r = await c.post("/v1/agents/follow/threads/hers/erase", headers=alice)
+    assert r.status_code == 202, r.text
+    mine = r.json()["erasure_id"]
+    r = await c.post("/v1/agents/follow/threads/team/erase", headers=s.headers())
+    assert r.status_code == 202, r.text
+    theirs = r.json()["erasure_id"]
+    await s.services.erasures.wait(mine)
+    r = await c.get(f"/v1/erasures/{mine}", headers=alice)
+    assert r.status_code == 200 and r.json()["kind"] == "thread", r.text
+    for who, eid in ((bob, mine), (alice, theirs), (alice, "no-such-erasure")):
+        r = await c.get(f"/v1/erasures/{eid}", headers=who)
+        assert r.status_code == 404 and r.json()["error"]["field"] == "erasure_id", r.text
+    assert (await c.get(f"/v1/erasures/{mine}", headers=s.headers())).status_code == 200
+    await s.services.erasures.wait(theirs)
 
 
 async def test_an_erased_thread_id_is_never_revived(stack: ApiStack) -> None:

@@ -50,6 +50,15 @@ def refuse_user_token(authorization: str | None, doing: str) -> None:
         )
 
 
+async def bearer_token(svc: Services, authorization: str | None) -> user_tokens.UserToken | None:
+    """The verified user token when one is the bearer (401 if it does not verify), else
+    None (an API key, or nothing: :func:`key_of` answers those)."""
+    if not bearer_is_user_token(authorization):
+        return None
+    assert authorization is not None
+    return await _user_token(svc, authorization[7:].strip())
+
+
 async def key_of(svc: Services, authorization: str | None) -> KeyInfo:
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("send 'Authorization: Bearer <api key>'", field="Authorization")
