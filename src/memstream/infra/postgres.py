@@ -2,8 +2,8 @@
 
 Migrations are plain numbered SQL files in ``memstream/infra/migrations`` (``0001_core.sql``,
 ``0002_memory.sql`` …), applied in order, each in its own transaction, recorded in
-``schema_migrations``. Applying is idempotent and safe to race: an advisory lock serialises
-concurrent ``migrate`` calls (``memstream migrate`` and start-up may overlap). A file whose
+``schema_migrations``. Applying is idempotent and safe to race: an advisory lock, polled,
+serialises concurrent ``migrate`` calls (``memstream migrate`` and start-up may overlap). A file whose
 first line is ``-- memstream: no-transaction`` runs its statements one by one outside a
 transaction (what ``CREATE INDEX CONCURRENTLY`` needs, so an upgrade builds an index without
 blocking writes to its table); such a file must be safe to run again from the start, since
@@ -193,12 +193,26 @@ def migration_files() -> list[tuple[str, str]]:
     return [(p.name, p.read_text(encoding="utf-8")) for p in files]
 
 
+MIGRATION_LOCK_POLL_S = 0.05
+
+
+async def _take_migration_lock(conn: Any) -> None:
+    """The migration lock, polled (``pg_try_advisory_lock``) rather than waited for: a
+    session blocked in ``pg_advisory_lock`` is a running statement with a snapshot, which
+    ``CREATE INDEX CONCURRENTLY`` in the lock holder's session waits for, while it waits for
+    the lock: a deadlock Postgres breaks by failing one of them (measured: two of three
+    concurrent migrations of a fresh database failed so). Polling holds no snapshot
+    between tries."""
+    while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _MIGRATION_LOCK):
+        await asyncio.sleep(MIGRATION_LOCK_POLL_S)
+
+
 async def migrate(pool: asyncpg.Pool) -> list[str]:
     """Apply pending migrations; returns the names applied now."""
     applied_now: list[str] = []
     async with pool.acquire() as conn:
         keeps_session_state(conn)
-        await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+        await _take_migration_lock(conn)
         try:
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
