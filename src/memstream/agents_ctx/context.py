@@ -217,30 +217,21 @@ def recap_span(
     return (first, last) if first <= last else None
 
 
-def recap_read_start(span: tuple[int, int]) -> int:
-    """The first offset the recap reads: the newest ``RECAP_MAX_MESSAGES`` of the span."""
-    first, last = span
-    return max(first, last - RECAP_MAX_MESSAGES + 1)
-
-
 def recap_of(summary: Summary | None, newest: Sequence[Message], window_limit: int) -> Recap | None:
     """The recap of a thread whose newest ``WINDOW_MESSAGES + RECAP_MAX_MESSAGES`` messages
-    are ``newest`` (one journal read serves the window and the recap). Pure."""
+    are ``newest`` (one journal read serves the window and the recap): an extractive digest
+    of at most ``RECAP_TOKEN_BUDGET`` tokens over the newest ``RECAP_MAX_MESSAGES`` of the
+    span :func:`recap_span` gives. Pure and deterministic."""
     span = recap_span(summary, newest[-WINDOW_MESSAGES:], window_limit)
     if span is None:
         return None
-    start = recap_read_start(span)
-    return make_recap(span, [m for m in newest if start <= m.offset <= span[1]])
-
-
-def make_recap(span: tuple[int, int], read: Sequence[Message]) -> Recap | None:
-    """The recap of ``span`` from the messages read of it (``recap_read_start`` on): an
-    extractive digest of at most ``RECAP_TOKEN_BUDGET`` tokens. Pure and deterministic."""
+    first, last = span
+    start = max(first, last - RECAP_MAX_MESSAGES + 1)
+    read = [m for m in newest if start <= m.offset <= last]
     if not read:
         return None
-    first, last = span
     content = extractive_summary(None, read, RECAP_TOKEN_BUDGET, count_tokens)
-    return Recap(first, last, len(read), recap_read_start(span) - first, content)
+    return Recap(first, last, len(read), start - first, content)
 
 
 def window_size(config: ThreadConfig | None) -> int:

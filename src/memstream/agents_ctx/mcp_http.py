@@ -12,8 +12,9 @@ caller. With no session there is no server stream to open and no session to end,
 ``GET`` or ``DELETE`` is answered ``405`` with ``Allow: POST``, as the MCP transport spec
 lets a server do (the SDK's stateless transport would hold a ``GET`` open, idle, for as long
 as the caller likes). Bodies obey the API's one limit (``BodyLimit``, 413 with the usual
-error body naming ``body``): the SDK's own, smaller limit answered plain text. It is started lazily on the first request (``memstream up`` serves uvicorn with
-``lifespan="off"``) and stopped by :meth:`McpEndpoint.close`.
+error body naming ``body``): the SDK's own, smaller limit answered plain text. It is started
+lazily on the first request (``memstream up`` serves uvicorn with ``lifespan="off"``) and
+stopped by :meth:`McpEndpoint.close`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Migrations are plain numbered SQL files in ``memstream/infra/migrations`` (``0001_core.sql``,
 ``0002_memory.sql`` …), applied in order, each in its own transaction, recorded in
 ``schema_migrations``. Applying is idempotent and safe to race: an advisory lock, polled,
-serialises concurrent ``migrate`` calls (``memstream migrate`` and start-up may overlap). A file whose
-first line is ``-- memstream: no-transaction`` runs its statements one by one outside a
-transaction (what ``CREATE INDEX CONCURRENTLY`` needs, so an upgrade builds an index without
+serialises concurrent ``migrate`` calls (``memstream migrate`` and start-up may overlap). A
+file whose first line is ``-- memstream: no-transaction`` runs its statements one by one
+outside a transaction (what ``CREATE INDEX CONCURRENTLY`` needs, so an upgrade builds an index without
 blocking writes to its table); such a file must be safe to run again from the start, since
 it is recorded only once all of it has run.
 
@@ -222,16 +222,15 @@ async def migrate(pool: asyncpg.Pool) -> list[str]:
             for name, sql in migration_files():
                 if name in done:
                     continue
-                if sql.startswith(NO_TRANSACTION):
+                record = "INSERT INTO schema_migrations (name) VALUES ($1)"
+                if sql.startswith(NO_TRANSACTION):  # recorded once every statement ran
                     for statement in statements(sql):
                         await conn.execute(statement)
-                    await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
-                    log.info("applied migration %s", name)
-                    applied_now.append(name)
-                    continue
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
+                    await conn.execute(record, name)
+                else:
+                    async with conn.transaction():
+                        await conn.execute(sql)
+                        await conn.execute(record, name)
                 log.info("applied migration %s", name)
                 applied_now.append(name)
         finally:

@@ -31,41 +31,44 @@ async def key_info(
     return await key_of(services(request), authorization)
 
 
-def bearer_is_user_token(authorization: str | None) -> bool:
-    """The bearer is a signed user token (it acts for its one user only), not an API key."""
-    return (
-        authorization is not None
-        and authorization[:7].lower() == "bearer "
-        and authorization[7:].strip().startswith(user_tokens.PREFIX)
+def bearer_of(authorization: str | None) -> str | None:
+    """The credential of an ``Authorization: Bearer ...`` header (maybe empty), None for
+    any other header or none."""
+    if authorization is None or authorization[:7].lower() != "bearer ":
+        return None
+    return authorization[7:].strip()
+
+
+def _token_refused(doing: str) -> Forbidden:
+    return Forbidden(
+        f"{doing} needs an API key: a user token acts for its own user only",
+        field="Authorization",
     )
 
 
 def refuse_user_token(authorization: str | None, doing: str) -> None:
     """``Forbidden`` naming ``Authorization`` when a user token is the bearer of a request
     that acts beyond its user (an agent's configuration, a user's erasure)."""
-    if bearer_is_user_token(authorization):
-        raise Forbidden(
-            f"{doing} needs an API key: a user token acts for its own user only",
-            field="Authorization",
-        )
+    if (bearer_of(authorization) or "").startswith(user_tokens.PREFIX):
+        raise _token_refused(doing)
 
 
 async def bearer_token(svc: Services, authorization: str | None) -> user_tokens.UserToken | None:
     """The verified user token when one is the bearer (401 if it does not verify), else
     None (an API key, or nothing: :func:`key_of` answers those)."""
-    if not bearer_is_user_token(authorization):
+    bearer = bearer_of(authorization)
+    if bearer is None or not bearer.startswith(user_tokens.PREFIX):
         return None
-    assert authorization is not None
-    return await _user_token(svc, authorization[7:].strip())
+    return await _user_token(svc, bearer)
 
 
 async def key_of(svc: Services, authorization: str | None) -> KeyInfo:
-    if not authorization or not authorization.lower().startswith("bearer "):
+    key = bearer_of(authorization)
+    if key is None:
         raise Unauthorized("send 'Authorization: Bearer <api key>'", field="Authorization")
-    key = authorization[7:].strip()
     if key.startswith(user_tokens.PREFIX):  # a valid token: the route is not for it (403)
         await _user_token(svc, key)
-        refuse_user_token(authorization, "this route")
+        raise _token_refused("this route")
     info = await svc.accounts.key_info(key) if key else None
     if info is None:
         raise Unauthorized("unknown or revoked API key", field="Authorization")
@@ -122,11 +125,7 @@ async def authenticate(
     token) or, unless the account requires tokens, from ``X-Memstream-User``."""
     user_header = utf8_header(x_memstream_user, "X-Memstream-User")
     asserted = user_header.strip() if user_header and user_header.strip() else None
-    bearer = (
-        authorization[7:].strip()
-        if authorization and authorization[:7].lower() == "bearer "
-        else ""
-    )
+    bearer = bearer_of(authorization) or ""
     admin = False
     user_id: str | None
     if bearer.startswith(user_tokens.PREFIX):
