@@ -124,18 +124,20 @@ def main(args: argparse.Namespace) -> None:
                 b = next(k for k, (lo, hi) in enumerate(BUCKETS) if lo <= age <= hi)
                 seen[layout][b].append(marker in text)
     print(f"{args.messages} messages, {len(facts)} facts, {summaries} summaries")
-    print(f"{'said N messages ago':<22} {'spec layout':>12} {'with recap':>12}")
+    print(f"{'said N messages ago':<22} {'spec layout':>12} {'with recap':>12} {'ratio':>7}")
     for k, (lo, hi) in enumerate(BUCKETS):
         label = f"{lo}-{hi}" if hi < 10**9 else f"{lo}+"
         spec, recapped = seen["spec"][k], seen["recap"][k]
         if spec:
-            print(
-                f"{label:<22} {sum(spec) / len(spec):12.0%} {sum(recapped) / len(recapped):12.0%}   ({len(spec)} checks)"
-            )
+            before, after = sum(spec) / len(spec), sum(recapped) / len(recapped)
+            ratio = f"{after / before:6.2f}x" if before else "      -"
+            print(f"{label:<22} {before:12.0%} {after:12.0%} {ratio}   ({len(spec)} checks)")
     for layout in ("spec", "recap"):
         print(
             f"prompt tokens, {layout}: mean {statistics.mean(size[layout]):.0f}, max {max(size[layout])}"
         )
+    cost = statistics.mean(size["recap"]) / statistics.mean(size["spec"])
+    print(f"prompt tokens, recap / spec: {cost:.2f}x")
     if digest_s:
         digest_s.sort()
         print(

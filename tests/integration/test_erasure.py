@@ -461,6 +461,10 @@ async def test_a_user_token_follows_the_erasure_of_its_own_thread_only(stack: Ap
         r = await c.get(f"/v1/erasures/{eid}", headers=who)
         assert r.status_code == 404 and r.json()["error"]["field"] == "erasure_id", r.text
     assert (await c.get(f"/v1/erasures/{mine}", headers=s.headers())).status_code == 200
+    r = await c.get(f"/v1/erasures/{mine}")  # no credentials at all
+    assert r.status_code == 401 and r.json()["error"]["field"] == "Authorization"
+    r = await c.get("/v1/erasures/%00x", headers=alice)  # a hostile id: named, not a 500
+    assert r.status_code == 400 and r.json()["error"]["field"] == "erasure_id", r.text
     await s.services.erasures.wait(theirs)
 
 
